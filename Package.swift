@@ -1,0 +1,51 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+/// Swift 6 language mode (strict concurrency) everywhere; `scripts/test.sh`
+/// also builds with warnings as errors.
+let package = Package(
+    name: "frontdesk",
+    products: [
+        .executable(name: "frontdesk-router", targets: ["frontdesk-router"]),
+        .executable(name: "frontdesk-sender", targets: ["frontdesk-sender"]),
+    ],
+    targets: [
+        // C: the calls Swift cannot make into rabbitmq-c (variadic, macros).
+        .target(
+            name: "CRabbitMQ",
+            path: "Shared/CRabbitMQ",
+            linkerSettings: [.linkedLibrary("rabbitmq")]
+        ),
+        // AMQP 0-9-1 client on rabbitmq-c: knows nothing of dispatches.
+        .target(name: "AMQP", dependencies: ["CRabbitMQ"], path: "Shared/AMQP"),
+        // Configuration, logs, HTTP probes, metrics, lifecycle.
+        .target(name: "ServiceKit", dependencies: ["AMQP"], path: "Shared/ServiceKit"),
+
+        .executableTarget(
+            name: "frontdesk-router",
+            dependencies: ["AMQP", "ServiceKit"],
+            path: "Services/Router"
+        ),
+        .executableTarget(
+            name: "frontdesk-sender",
+            dependencies: ["AMQP", "ServiceKit"],
+            path: "Services/Sender"
+        ),
+
+        // Benchmarks: print figures, assert nothing about speed.
+        .executableTarget(name: "amqp-bench", dependencies: ["AMQP"], path: "Benchmarks/AMQPBench"),
+        .executableTarget(
+            name: "amqp-c-baseline",
+            path: "Benchmarks/CRelay",
+            linkerSettings: [.linkedLibrary("rabbitmq")]
+        ),
+
+        .testTarget(name: "AMQPTests", dependencies: ["AMQP"], path: "Tests/AMQPTests"),
+        .testTarget(name: "ServiceKitTests", dependencies: ["ServiceKit"], path: "Tests/ServiceKitTests"),
+        .testTarget(
+            name: "AMQPIntegrationTests",
+            dependencies: ["AMQP"],
+            path: "Tests/AMQPIntegrationTests"
+        ),
+    ]
+)

@@ -1,0 +1,1 @@
+print("frontdesk-router: not yet")

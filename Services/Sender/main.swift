@@ -1,0 +1,1 @@
+print("frontdesk-sender: not yet")

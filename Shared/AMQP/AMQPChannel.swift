@@ -1,0 +1,165 @@
+import Foundation
+
+/// What queue.declare answered.
+public struct QueueDeclareResult: Sendable, Equatable {
+    public var name: String
+    public var messageCount: UInt32
+    public var consumerCount: UInt32
+}
+
+/// An AMQP channel. A channel that the broker closes (404, 406 ...) stays
+/// closed: every later call throws that error; open a new one.
+public struct AMQPChannel: Sendable {
+    let core: ConnectionCore
+    public let id: UInt16
+    let epoch: UInt64
+
+    private func run<T: Sendable>(_ body: @escaping @Sendable (ConnectionLoop, ChannelState) throws -> T) async throws -> T {
+        let id = id, epoch = epoch
+        return try await core.perform { loop in try body(loop, try loop.channel(id, epoch: epoch)) }
+    }
+
+    // MARK: Exchanges
+
+    public func exchangeDeclare(
+        _ name: String, type: String, durable: Bool = true, autoDelete: Bool = false,
+        isInternal: Bool = false, passive: Bool = false, arguments: FieldTable? = nil
+    ) async throws {
+        try await run {
+            try $0.exchangeDeclare(
+                $1, name: name, type: type, passive: passive, durable: durable, autoDelete: autoDelete,
+                internal: isInternal, arguments: arguments)
+        }
+    }
+
+    public func exchangeDelete(_ name: String, ifUnused: Bool = false) async throws {
+        try await run { try $0.exchangeDelete($1, name: name, ifUnused: ifUnused) }
+    }
+
+    public func exchangeBind(destination: String, source: String, routingKey: String, arguments: FieldTable? = nil) async throws {
+        try await run { try $0.exchangeBind($1, destination: destination, source: source, routingKey: routingKey, arguments: arguments) }
+    }
+
+    // MARK: Queues
+
+    /// Declares a queue; with `passive` only checks it exists and reads its
+    /// message and consumer counts.
+    @discardableResult
+    public func queueDeclare(
+        _ name: String, durable: Bool = true, exclusive: Bool = false, autoDelete: Bool = false,
+        passive: Bool = false, arguments: FieldTable? = nil
+    ) async throws -> QueueDeclareResult {
+        try await run {
+            try $0.queueDeclare(
+                $1, name: name, passive: passive, durable: durable, exclusive: exclusive,
+                autoDelete: autoDelete, arguments: arguments)
+        }
+    }
+
+    public func queueBind(_ queue: String, exchange: String, routingKey: String, arguments: FieldTable? = nil) async throws {
+        try await run { try $0.queueBind($1, queue: queue, exchange: exchange, routingKey: routingKey, arguments: arguments, bind: true) }
+    }
+
+    public func queueUnbind(_ queue: String, exchange: String, routingKey: String, arguments: FieldTable? = nil) async throws {
+        try await run { try $0.queueBind($1, queue: queue, exchange: exchange, routingKey: routingKey, arguments: arguments, bind: false) }
+    }
+
+    /// Deletes a queue and returns how many messages it held.
+    @discardableResult
+    public func queueDelete(_ name: String, ifUnused: Bool = false, ifEmpty: Bool = false) async throws -> UInt32 {
+        try await run { try $0.queueDelete($1, name: name, ifUnused: ifUnused, ifEmpty: ifEmpty) }
+    }
+
+    @discardableResult
+    public func queuePurge(_ name: String) async throws -> UInt32 {
+        try await run { try $0.queuePurge($1, name: name) }
+    }
+
+    // MARK: Publishing
+
+    /// Turns on publisher confirms: from now on `publish` returns when the broker has the message.
+    public func confirmSelect() async throws {
+        try await run { try $0.confirmSelect($1) }
+    }
+
+    /// Publishes one message. In confirm mode, returns once the broker acked
+    /// it; throws `.returned` for an unroutable mandatory message and `.nacked` for a nack.
+    public func publish(_ message: OutboundMessage) async throws {
+        try await publish([message])[0].get()
+    }
+
+    public func publish(
+        exchange: String, routingKey: String, body: Data, properties: AMQPProperties = AMQPProperties(),
+        mandatory: Bool = false
+    ) async throws {
+        try await publish(OutboundMessage(
+            exchange: exchange, routingKey: routingKey, body: body, properties: properties, mandatory: mandatory))
+    }
+
+    /// Publishes a window of messages in one hop and waits for all their
+    /// confirms; the result of each, in order.
+    public func publish(_ messages: [OutboundMessage]) async throws -> [Result<Void, AMQPError>] {
+        guard !messages.isEmpty else { return [] }
+        let id = id, epoch = epoch
+        return try await core.performDeferred { loop, continuation in
+            let batch = PublishBatch(count: messages.count, continuation: continuation)
+            do {
+                let ch = try loop.channel(id, epoch: epoch)
+                loop.publish(ch, messages, batch: batch)
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+    }
+
+    // MARK: Consuming
+
+    /// Limits unacknowledged deliveries on this channel (basic.qos).
+    public func qos(prefetchCount: UInt16, global: Bool = false) async throws {
+        try await run { try $0.qos($1, prefetchCount: prefetchCount, global: global) }
+    }
+
+    /// Starts a consumer; its deliveries arrive as an async sequence.
+    public func consume(
+        queue: String, consumerTag: String = "", noAck: Bool = false, exclusive: Bool = false,
+        arguments: FieldTable? = nil
+    ) async throws -> AMQPConsumer {
+        let (stream, continuation) = AsyncThrowingStream<AMQPDelivery, Error>.makeStream()
+        let sink = ConsumerSink(
+            deliver: { continuation.yield($0) },
+            finish: { error in
+                if let error { continuation.finish(throwing: error) } else { continuation.finish() }
+            })
+        let tag = try await consume(
+            queue: queue, consumerTag: consumerTag, noAck: noAck, exclusive: exclusive, arguments: arguments, sink: sink)
+        let channel = self
+        continuation.onTermination = { reason in
+            // The reader stopped iterating: stop the broker sending more.
+            if case .cancelled = reason { Task { try? await channel.cancel(consumerTag: tag) } }
+        }
+        return AMQPConsumer(stream: stream, consumerTag: tag, channel: self)
+    }
+
+    func consume(
+        queue: String, consumerTag: String, noAck: Bool, exclusive: Bool, arguments: FieldTable?, sink: ConsumerSink
+    ) async throws -> String {
+        try await run {
+            try $0.consume(
+                $1, queue: queue, consumerTag: consumerTag, noAck: noAck, exclusive: exclusive,
+                arguments: arguments, sink: sink)
+        }
+    }
+
+    /// Stops a consumer (basic.cancel); its sequence ends.
+    public func cancel(consumerTag: String) async throws {
+        try await run { try $0.cancel($1, consumerTag: consumerTag) }
+    }
+
+    /// Closes the channel; unacknowledged deliveries go back to their queues.
+    public func close() async {
+        let id = id, epoch = epoch
+        _ = try? await core.perform { loop in
+            if let ch = try? loop.channel(id, epoch: epoch) { loop.closeChannel(ch) }
+        }
+    }
+}

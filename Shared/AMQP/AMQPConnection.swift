@@ -1,0 +1,76 @@
+import Foundation
+
+/// One AMQP connection. Its rabbitmq-c handle is owned by a dedicated thread;
+/// every method hops there and back, so no Swift concurrency thread blocks.
+///
+/// A connection does not recover by itself: when it ends, `waitForEnd()`
+/// returns the reason. `AMQPClient` adds reconnection on top.
+public final class AMQPConnection: Sendable {
+    let core: ConnectionCore
+    public let configuration: AMQPConnectionConfiguration
+
+    private init(core: ConnectionCore, configuration: AMQPConnectionConfiguration) {
+        self.core = core
+        self.configuration = configuration
+    }
+
+    /// Connects, logs in and starts the connection's thread.
+    public static func connect(_ configuration: AMQPConnectionConfiguration) async throws -> AMQPConnection {
+        let core = ConnectionCore(name: configuration.connectionName)
+        try await withCheckedThrowingContinuation { (opened: CheckedContinuation<Void, Error>) in
+            let thread = Thread {
+                let loop: ConnectionLoop
+                do {
+                    loop = try ConnectionLoop.open(configuration, core: core)
+                } catch {
+                    _ = core.stopAccepting()
+                    core.end(error as? AMQPError)
+                    opened.resume(throwing: error)
+                    return
+                }
+                opened.resume()
+                loop.run()
+            }
+            thread.name = "amqp:\(configuration.connectionName)"
+            thread.start()
+        }
+        return AMQPConnection(core: core, configuration: configuration)
+    }
+
+    public func openChannel() async throws -> AMQPChannel {
+        let (id, epoch) = try await core.perform { loop in
+            let ch = try loop.openChannel()
+            return (ch.id, ch.epoch)
+        }
+        return AMQPChannel(core: core, id: id, epoch: epoch)
+    }
+
+    /// Opens a channel, runs `body` with it and closes it.
+    public func withChannel<T: Sendable>(_ body: (AMQPChannel) async throws -> T) async throws -> T {
+        let channel = try await openChannel()
+        do {
+            let result = try await body(channel)
+            await channel.close()
+            return result
+        } catch {
+            await channel.close()
+            throw error
+        }
+    }
+
+    /// Closes the connection cleanly (connection.close), failing what still waits.
+    public func close() async {
+        _ = core.submit { loop in loop.requestClose() }
+        _ = await core.waitForEnd()
+    }
+
+    /// Waits until the connection ends: nil after `close()`, else why it failed.
+    public func waitForEnd() async -> AMQPError? {
+        await core.waitForEnd()
+    }
+
+    public var isOpen: Bool { !core.hasEnded }
+
+    /// Why the broker currently blocks publishing (connection.blocked), if it does.
+    public var blockedReason: String? { core.blockedReason }
+}

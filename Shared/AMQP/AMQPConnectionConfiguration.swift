@@ -1,0 +1,35 @@
+/// How to reach and identify to the broker.
+public struct AMQPConnectionConfiguration: Sendable, CustomStringConvertible {
+    public struct TLS: Sendable, Equatable {
+        /// PEM file of the CA that signed the broker's certificate.
+        public var caFile: String?
+        /// PEM client certificate and key, for brokers that ask for one.
+        public var certificateFile: String?
+        public var keyFile: String?
+        /// Both on by default; turn off only for a test against a throwaway broker.
+        public var verifyPeer = true
+        public var verifyHostname = true
+
+        public init(caFile: String? = nil, certificateFile: String? = nil, keyFile: String? = nil) {
+            self.caFile = caFile
+            self.certificateFile = certificateFile
+            self.keyFile = keyFile
+        }
+    }
+
+    public var url: AMQPURL
+    public var tls: TLS
+    /// Shown in the management UI: e.g. "frontdesk-router@host-1".
+    public var connectionName: String
+    /// How long a synchronous AMQP method (declare, bind, consume ...) may take.
+    public var rpcTimeoutMs: Int
+
+    public init(url: AMQPURL, tls: TLS = TLS(), connectionName: String, rpcTimeoutMs: Int = 30_000) {
+        self.url = url
+        self.tls = tls
+        self.connectionName = connectionName
+        self.rpcTimeoutMs = rpcTimeoutMs
+    }
+
+    public var description: String { "\(connectionName) → \(url)" }
+}

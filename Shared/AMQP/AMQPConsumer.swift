@@ -1,0 +1,18 @@
+/// The deliveries of one consumer, as an async sequence. It ends when the
+/// consumer is cancelled, and throws when the broker cancels it or the
+/// channel or connection goes away.
+public struct AMQPConsumer: AsyncSequence, Sendable {
+    public typealias Element = AMQPDelivery
+    let stream: AsyncThrowingStream<AMQPDelivery, Error>
+    public let consumerTag: String
+    public let channel: AMQPChannel
+
+    public func makeAsyncIterator() -> AsyncThrowingStream<AMQPDelivery, Error>.AsyncIterator {
+        stream.makeAsyncIterator()
+    }
+
+    /// Stops the broker sending more; the sequence then ends.
+    public func cancel() async throws {
+        try await channel.cancel(consumerTag: consumerTag)
+    }
+}

@@ -1,0 +1,84 @@
+import Foundation
+
+/// The basic properties of a message. `nil` leaves a property unset.
+public struct AMQPProperties: Sendable, Equatable {
+    public var contentType: String?
+    public var contentEncoding: String?
+    public var headers: FieldTable?
+    /// 2 is persistent, 1 transient.
+    public var deliveryMode: UInt8?
+    public var priority: UInt8?
+    public var correlationID: String?
+    public var replyTo: String?
+    /// Per-message TTL in milliseconds, as the decimal string AMQP wants.
+    public var expiration: String?
+    public var messageID: String?
+    /// Seconds since 1970.
+    public var timestamp: UInt64?
+    public var type: String?
+    public var userID: String?
+    public var appID: String?
+
+    public init(
+        contentType: String? = nil, contentEncoding: String? = nil, headers: FieldTable? = nil,
+        deliveryMode: UInt8? = nil, priority: UInt8? = nil, correlationID: String? = nil,
+        replyTo: String? = nil, expiration: String? = nil, messageID: String? = nil,
+        timestamp: UInt64? = nil, type: String? = nil, userID: String? = nil, appID: String? = nil
+    ) {
+        self.contentType = contentType
+        self.contentEncoding = contentEncoding
+        self.headers = headers
+        self.deliveryMode = deliveryMode
+        self.priority = priority
+        self.correlationID = correlationID
+        self.replyTo = replyTo
+        self.expiration = expiration
+        self.messageID = messageID
+        self.timestamp = timestamp
+        self.type = type
+        self.userID = userID
+        self.appID = appID
+    }
+
+    /// JSON, persistent: what every Front Desk message is.
+    public static func persistentJSON(
+        messageID: String? = nil, correlationID: String? = nil, type: String? = nil,
+        headers: FieldTable? = nil
+    ) -> AMQPProperties {
+        AMQPProperties(
+            contentType: "application/json", headers: headers, deliveryMode: 2,
+            correlationID: correlationID, messageID: messageID,
+            timestamp: UInt64(Date().timeIntervalSince1970), type: type)
+    }
+}
+
+/// A message to publish.
+public struct OutboundMessage: Sendable {
+    public var exchange: String
+    public var routingKey: String
+    public var body: Data
+    public var properties: AMQPProperties
+    /// Ask the broker to return the message (an error for the publisher) when no queue takes it.
+    public var mandatory: Bool
+
+    public init(
+        exchange: String, routingKey: String, body: Data,
+        properties: AMQPProperties = AMQPProperties(), mandatory: Bool = false
+    ) {
+        self.exchange = exchange
+        self.routingKey = routingKey
+        self.body = body
+        self.properties = properties
+        self.mandatory = mandatory
+    }
+}
+
+/// A message the broker returned to its publisher (basic.return).
+public struct ReturnedMessage: Sendable {
+    public var replyCode: UInt16
+    public var replyText: String
+    public var exchange: String
+    public var routingKey: String
+    public var body: Data
+    public var properties: AMQPProperties
+}

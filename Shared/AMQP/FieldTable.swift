@@ -1,0 +1,106 @@
+import Foundation
+
+/// A value of an AMQP field table (headers, queue and consume arguments).
+public enum FieldValue: Sendable, Hashable {
+    case string(String)
+    case bytes(Data)
+    case bool(Bool)
+    case int8(Int8)
+    case int16(Int16)
+    case int32(Int32)
+    case int64(Int64)
+    case uint8(UInt8)
+    case uint16(UInt16)
+    case uint32(UInt32)
+    case float(Float)
+    case double(Double)
+    case decimal(decimals: UInt8, value: UInt32)
+    case timestamp(UInt64)
+    case table(FieldTable)
+    case array([FieldValue])
+    case void
+
+    /// The value as an integer, whatever width the broker used.
+    public var intValue: Int64? {
+        switch self {
+        case .int8(let v): Int64(v)
+        case .int16(let v): Int64(v)
+        case .int32(let v): Int64(v)
+        case .int64(let v): v
+        case .uint8(let v): Int64(v)
+        case .uint16(let v): Int64(v)
+        case .uint32(let v): Int64(v)
+        case .timestamp(let v): Int64(exactly: v)
+        default: nil
+        }
+    }
+
+    /// The value as text: a long string, or bytes that are valid UTF-8.
+    public var stringValue: String? {
+        switch self {
+        case .string(let s): s
+        case .bytes(let d): String(data: d, encoding: .utf8)
+        default: nil
+        }
+    }
+
+    public var boolValue: Bool? {
+        if case .bool(let b) = self { return b }
+        return nil
+    }
+
+    public var tableValue: FieldTable? {
+        if case .table(let t) = self { return t }
+        return nil
+    }
+}
+
+/// An ordered AMQP field table. Order is kept as given, so what is encoded is
+/// what was written; look-ups take the last entry of a name.
+public struct FieldTable: Sendable, Hashable, ExpressibleByDictionaryLiteral, Sequence {
+    public private(set) var entries: [(key: String, value: FieldValue)]
+
+    public init() { entries = [] }
+
+    public init(_ entries: [(String, FieldValue)]) {
+        self.entries = entries.map { (key: $0.0, value: $0.1) }
+    }
+
+    public init(dictionaryLiteral elements: (String, FieldValue)...) {
+        self.init(elements)
+    }
+
+    public subscript(key: String) -> FieldValue? {
+        get { entries.last(where: { $0.key == key })?.value }
+        set {
+            entries.removeAll { $0.key == key }
+            if let newValue { entries.append((key: key, value: newValue)) }
+        }
+    }
+
+    public var isEmpty: Bool { entries.isEmpty }
+    public var count: Int { entries.count }
+
+    public func makeIterator() -> IndexingIterator<[(key: String, value: FieldValue)]> {
+        entries.makeIterator()
+    }
+
+    public static func == (a: FieldTable, b: FieldTable) -> Bool {
+        a.entries.count == b.entries.count
+            && zip(a.entries, b.entries).allSatisfy { $0.key == $1.key && $0.value == $1.value }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        for e in entries {
+            hasher.combine(e.key)
+            hasher.combine(e.value)
+        }
+    }
+}
+
+extension FieldValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral {
+    public init(stringLiteral value: String) { self = .string(value) }
+    /// Integer literals encode as signed 64-bit, which RabbitMQ accepts for every numeric argument.
+    public init(integerLiteral value: Int64) { self = .int64(value) }
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+}

@@ -1,0 +1,136 @@
+import CRabbitMQ
+import Glibc
+import Synchronization
+
+/// The part of one connection that any thread may touch: the command inbox,
+/// the eventfd that wakes the owner thread, and the connection's end.
+///
+/// Commands are closures run on the owner thread with its `ConnectionLoop`;
+/// that loop is the only code that touches the rabbitmq-c handle.
+final class ConnectionCore: Sendable {
+    typealias Command = @Sendable (ConnectionLoop) -> Void
+
+    private struct State {
+        var commands: [Command] = []
+        var accepting = true
+        var ended = false
+        var endError: AMQPError?
+        var endWaiters: [CheckedContinuation<AMQPError?, Never>] = []
+        var blockedReason: String?
+    }
+
+    private let state = Mutex(State())
+    private let wakeFD: Int32
+    let name: String
+
+    init(name: String) {
+        self.name = name
+        wakeFD = fd_eventfd_create()
+    }
+
+    deinit {
+        // Closed only here: while anyone can still submit, the descriptor stays valid.
+        close(wakeFD)
+    }
+
+    var wakeDescriptor: Int32 { wakeFD }
+
+    /// Queues a command for the owner thread; false once the connection has ended.
+    func submit(_ command: @escaping Command) -> Bool {
+        let accepted = state.withLock { s in
+            guard s.accepting else { return false }
+            s.commands.append(command)
+            return true
+        }
+        if accepted { wake() }
+        return accepted
+    }
+
+    func drain() -> [Command] {
+        state.withLock { s in
+            let c = s.commands
+            s.commands.removeAll(keepingCapacity: true)
+            return c
+        }
+    }
+
+    /// Refuses further commands and hands back those still queued, so the
+    /// loop can fail them.
+    func stopAccepting() -> [Command] {
+        state.withLock { s in
+            s.accepting = false
+            let c = s.commands
+            s.commands = []
+            return c
+        }
+    }
+
+    var hasCommands: Bool { state.withLock { !$0.commands.isEmpty } }
+
+    func wake() {
+        var one: UInt64 = 1
+        _ = write(wakeFD, &one, 8)
+    }
+
+    func clearWake() {
+        var value: UInt64 = 0
+        _ = read(wakeFD, &value, 8)
+    }
+
+    var blockedReason: String? {
+        get { state.withLock { $0.blockedReason } }
+        set { state.withLock { $0.blockedReason = newValue } }
+    }
+
+    var endError: AMQPError? { state.withLock { $0.endError } }
+    var hasEnded: Bool { state.withLock { $0.ended } }
+
+    /// Marks the connection ended and wakes everyone waiting for that.
+    func end(_ error: AMQPError?) {
+        let waiters = state.withLock { s -> [CheckedContinuation<AMQPError?, Never>] in
+            guard !s.ended else { return [] }
+            s.ended = true
+            s.endError = error
+            let w = s.endWaiters
+            s.endWaiters = []
+            return w
+        }
+        for w in waiters { w.resume(returning: error) }
+    }
+
+    /// Waits until the connection ends; returns the error that ended it, or
+    /// nil after a clean close.
+    func waitForEnd() async -> AMQPError? {
+        await withCheckedContinuation { (c: CheckedContinuation<AMQPError?, Never>) in
+            let done: (Bool, AMQPError?) = state.withLock { s in
+                if s.ended { return (true, s.endError) }
+                s.endWaiters.append(c)
+                return (false, nil)
+            }
+            if done.0 { c.resume(returning: done.1) }
+        }
+    }
+
+    var closedError: AMQPError {
+        endError ?? AMQPError(.connectionClosed, "the connection \(name) is closed")
+    }
+
+    /// Runs `body` on the owner thread and returns its result.
+    func perform<T: Sendable>(_ body: @escaping @Sendable (ConnectionLoop) throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { (c: CheckedContinuation<T, Error>) in
+            let accepted = submit { loop in c.resume(with: Result { try body(loop) }) }
+            if !accepted { c.resume(throwing: closedError) }
+        }
+    }
+
+    /// Runs `body` on the owner thread, which resumes the continuation when the
+    /// result is known (a publisher confirm, for one).
+    func performDeferred<T: Sendable>(
+        _ body: @escaping @Sendable (ConnectionLoop, CheckedContinuation<T, Error>) -> Void
+    ) async throws -> T {
+        try await withCheckedThrowingContinuation { (c: CheckedContinuation<T, Error>) in
+            let accepted = submit { loop in body(loop, c) }
+            if !accepted { c.resume(throwing: closedError) }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+import CRabbitMQ
+import Foundation
+
+private func flag(_ b: Bool) -> amqp_boolean_t { b ? 1 : 0 }
+
+extension ConnectionLoop {
+    func exchangeDeclare(
+        _ ch: ChannelState, name: String, type: String, passive: Bool, durable: Bool,
+        autoDelete: Bool, internal isInternal: Bool, arguments: FieldTable?
+    ) throws {
+        let arena = CArena()
+        amqp_exchange_declare(
+            conn, ch.id, arena.bytes(name), arena.bytes(type), flag(passive), flag(durable),
+            flag(autoDelete), flag(isInternal), arena.table(arguments))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "declaring exchange '\(name)'")
+    }
+
+    func exchangeDelete(_ ch: ChannelState, name: String, ifUnused: Bool) throws {
+        let arena = CArena()
+        amqp_exchange_delete(conn, ch.id, arena.bytes(name), flag(ifUnused))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "deleting exchange '\(name)'")
+    }
+
+    func exchangeBind(_ ch: ChannelState, destination: String, source: String, routingKey: String, arguments: FieldTable?) throws {
+        let arena = CArena()
+        amqp_exchange_bind(
+            conn, ch.id, arena.bytes(destination), arena.bytes(source), arena.bytes(routingKey), arena.table(arguments))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "binding exchange '\(destination)' to '\(source)'")
+    }
+
+    func queueDeclare(
+        _ ch: ChannelState, name: String, passive: Bool, durable: Bool, exclusive: Bool,
+        autoDelete: Bool, arguments: FieldTable?
+    ) throws -> QueueDeclareResult {
+        let arena = CArena()
+        let ok = amqp_queue_declare(
+            conn, ch.id, arena.bytes(name), flag(passive), flag(durable), flag(exclusive),
+            flag(autoDelete), arena.table(arguments))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "declaring queue '\(name)'")
+        guard let ok else { throw AMQPError(.library, "declaring queue '\(name)': no declare-ok") }
+        return QueueDeclareResult(
+            name: ok.pointee.queue.string, messageCount: ok.pointee.message_count,
+            consumerCount: ok.pointee.consumer_count)
+    }
+
+    func queueBind(_ ch: ChannelState, queue: String, exchange: String, routingKey: String, arguments: FieldTable?, bind: Bool) throws {
+        let arena = CArena()
+        if bind {
+            amqp_queue_bind(conn, ch.id, arena.bytes(queue), arena.bytes(exchange), arena.bytes(routingKey), arena.table(arguments))
+        } else {
+            amqp_queue_unbind(conn, ch.id, arena.bytes(queue), arena.bytes(exchange), arena.bytes(routingKey), arena.table(arguments))
+        }
+        try check(amqp_get_rpc_reply(conn), channel: ch, "\(bind ? "binding" : "unbinding") queue '\(queue)' and exchange '\(exchange)'")
+    }
+
+    func queueDelete(_ ch: ChannelState, name: String, ifUnused: Bool, ifEmpty: Bool) throws -> UInt32 {
+        let arena = CArena()
+        let ok = amqp_queue_delete(conn, ch.id, arena.bytes(name), flag(ifUnused), flag(ifEmpty))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "deleting queue '\(name)'")
+        return ok?.pointee.message_count ?? 0
+    }
+
+    func queuePurge(_ ch: ChannelState, name: String) throws -> UInt32 {
+        let arena = CArena()
+        let ok = amqp_queue_purge(conn, ch.id, arena.bytes(name))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "purging queue '\(name)'")
+        return ok?.pointee.message_count ?? 0
+    }
+
+    func qos(_ ch: ChannelState, prefetchCount: UInt16, global: Bool) throws {
+        amqp_basic_qos(conn, ch.id, 0, prefetchCount, flag(global))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "setting prefetch \(prefetchCount)")
+    }
+
+    func confirmSelect(_ ch: ChannelState) throws {
+        guard !ch.confirming else { return }
+        amqp_confirm_select(conn, ch.id)
+        try check(amqp_get_rpc_reply(conn), channel: ch, "turning on publisher confirms")
+        ch.confirming = true
+    }
+
+    /// Writes the messages; in confirm mode the batch resolves as confirms
+    /// arrive, otherwise at once.
+    func publish(_ ch: ChannelState, _ messages: [OutboundMessage], batch: PublishBatch) {
+        if let reason = core.blockedReason {
+            for i in messages.indices {
+                batch.resolve(i, .failure(AMQPError(.connectionBlocked, "the broker blocks publishing: \(reason)")))
+            }
+            return
+        }
+        for (i, message) in messages.enumerated() {
+            let arena = CArena()
+            var props = arena.properties(message.properties)
+            let rc = message.body.withUnsafeBytes { raw in
+                amqp_basic_publish(
+                    conn, ch.id, arena.bytes(message.exchange), arena.bytes(message.routingKey),
+                    flag(message.mandatory), 0, &props,
+                    amqp_bytes_t(len: raw.count, bytes: UnsafeMutableRawPointer(mutating: raw.baseAddress)))
+            }
+            if rc != AMQP_STATUS_OK.rawValue {
+                let error = AMQPError.library(rc, "publishing to '\(message.exchange)'")
+                fail(error)
+                for j in i..<messages.count { batch.resolve(j, .failure(error)) }
+                return
+            }
+            if ch.confirming {
+                let seq = ch.nextPublishSeq
+                ch.nextPublishSeq += 1
+                ch.pending[seq] = PendingPublish(
+                    batch: batch, index: i,
+                    exchange: message.mandatory ? message.exchange : nil,
+                    routingKey: message.mandatory ? message.routingKey : nil,
+                    body: message.mandatory ? message.body : nil)
+            } else {
+                batch.resolve(i, .success(()))
+            }
+        }
+    }
+
+    func consume(
+        _ ch: ChannelState, queue: String, consumerTag: String, noAck: Bool, exclusive: Bool,
+        arguments: FieldTable?, sink: ConsumerSink
+    ) throws -> String {
+        let arena = CArena()
+        let ok = amqp_basic_consume(
+            conn, ch.id, arena.bytes(queue), arena.bytes(consumerTag), 0, flag(noAck), flag(exclusive),
+            arena.table(arguments))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "consuming from queue '\(queue)'")
+        guard let ok else { throw AMQPError(.library, "consuming from '\(queue)': no consume-ok") }
+        let tag = ok.pointee.consumer_tag.string
+        ch.consumers[tag] = sink
+        return tag
+    }
+
+    func cancel(_ ch: ChannelState, consumerTag: String) throws {
+        guard let sink = ch.consumers[consumerTag] else { return }
+        let arena = CArena()
+        amqp_basic_cancel(conn, ch.id, arena.bytes(consumerTag))
+        try check(amqp_get_rpc_reply(conn), channel: ch, "cancelling consumer \(consumerTag)")
+        ch.consumers[consumerTag] = nil
+        sink.finish(nil)
+    }
+
+    func acknowledge(_ ch: ChannelState, tag: UInt64, kind: AcknowledgementKind) throws {
+        let rc: Int32
+        switch kind {
+        case .ack(let multiple):
+            rc = amqp_basic_ack(conn, ch.id, tag, flag(multiple))
+        case .nack(let multiple, let requeue):
+            rc = amqp_basic_nack(conn, ch.id, tag, flag(multiple), flag(requeue))
+        case .reject(let requeue):
+            rc = amqp_basic_reject(conn, ch.id, tag, flag(requeue))
+        }
+        try checkStatus(rc, "acknowledging delivery \(tag)")
+    }
+}
+
+enum AcknowledgementKind: Sendable {
+    case ack(multiple: Bool)
+    case nack(multiple: Bool, requeue: Bool)
+    case reject(requeue: Bool)
+}

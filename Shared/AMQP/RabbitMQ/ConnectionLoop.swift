@@ -1,0 +1,182 @@
+import CRabbitMQ
+import Foundation
+import Glibc
+
+/// The owner of one rabbitmq-c connection. It lives on the connection's own
+/// thread and is never touched from anywhere else: rabbitmq-c is blocking and
+/// not thread-safe per connection. Other threads reach it through
+/// `ConnectionCore` commands.
+final class ConnectionLoop {
+    let core: ConnectionCore
+    let conn: amqp_connection_state_t
+    let heartbeatSeconds: Int
+    let channelMax: Int
+    var channels: [UInt16: ChannelState] = [:]
+    private var nextChannelHint: UInt16 = 1
+    private var nextEpoch: UInt64 = 1
+    /// Set once the connection has failed or closed; every later command fails with it.
+    private(set) var failure: AMQPError?
+    private var closeRequested = false
+    private var lastHeartbeatSent = ContinuousClock.now
+
+    init(core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int) {
+        self.core = core
+        self.conn = conn
+        self.heartbeatSeconds = heartbeatSeconds
+        let max = Int(amqp_get_channel_max(conn))
+        channelMax = max == 0 ? 65535 : max
+    }
+
+    /// Runs until the connection ends, then fails what is left and frees the handle.
+    func run() {
+        while failure == nil {
+            for command in core.drain() { command(self) }
+            if closeRequested || failure != nil { break }
+            pumpFrames()
+            if failure != nil { break }
+            sendHeartbeatIfDue()
+            if !core.hasCommands, amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0 {
+                waitForInput(timeoutMs: 200)
+            }
+        }
+        if closeRequested && failure == nil {
+            _ = amqp_connection_close(conn, Int32(AMQP_REPLY_SUCCESS))
+            failure = AMQPError(.connectionClosed, "the connection \(core.name) was closed")
+            finish(nil)
+        } else {
+            finish(failure)
+        }
+    }
+
+    private func finish(_ error: AMQPError?) {
+        let ending = error ?? AMQPError(.connectionClosed, "the connection \(core.name) was closed")
+        for ch in channels.values { ch.fail(ending) }
+        channels.removeAll()
+        // Commands that raced with the end run against the failed loop and fail.
+        for command in core.stopAccepting() { command(self) }
+        amqp_destroy_connection(conn)
+        core.end(error)
+    }
+
+    func requestClose() { closeRequested = true }
+
+    private func waitForInput(timeoutMs: Int32) {
+        var fds = [
+            pollfd(fd: amqp_get_sockfd(conn), events: Int16(POLLIN), revents: 0),
+            pollfd(fd: core.wakeDescriptor, events: Int16(POLLIN), revents: 0),
+        ]
+        _ = poll(&fds, 2, timeoutMs)
+        if fds[1].revents != 0 { core.clearWake() }
+    }
+
+    private func sendHeartbeatIfDue() {
+        guard heartbeatSeconds > 0 else { return }
+        let now = ContinuousClock.now
+        guard now - lastHeartbeatSent >= .milliseconds(heartbeatSeconds * 1000 / 2) else { return }
+        lastHeartbeatSent = now
+        let rc = fd_amqp_send_heartbeat(conn)
+        if rc != AMQP_STATUS_OK.rawValue { fail(.library(rc, "sending a heartbeat")) }
+    }
+
+    /// Ends the connection with `error` (the loop exits at its next turn).
+    func fail(_ error: AMQPError) {
+        if failure == nil { failure = error }
+    }
+
+    /// Throws if the connection has ended.
+    func ensureOpen() throws {
+        if let failure { throw failure }
+        if closeRequested { throw AMQPError(.connectionClosed, "the connection \(core.name) is closing") }
+    }
+
+    /// The open channel `id` of this `epoch`, or the error that closed it.
+    func channel(_ id: UInt16, epoch: UInt64? = nil) throws -> ChannelState {
+        try ensureOpen()
+        guard let ch = channels[id], epoch == nil || ch.epoch == epoch else {
+            throw AMQPError(.channelClosed, "channel \(id) is closed")
+        }
+        if let e = ch.closedError { throw e }
+        return ch
+    }
+
+    // MARK: - Channels
+
+    func openChannel() throws -> ChannelState {
+        try ensureOpen()
+        guard let id = freeChannelID() else {
+            throw AMQPError(.library, "no free channel: all \(channelMax) are open")
+        }
+        amqp_channel_open(conn, id)
+        try check(amqp_get_rpc_reply(conn), channel: nil, "opening channel \(id)")
+        let ch = ChannelState(id: id, epoch: nextEpoch)
+        nextEpoch += 1
+        channels[id] = ch
+        return ch
+    }
+
+    private func freeChannelID() -> UInt16? {
+        for _ in 0..<channelMax {
+            let id = nextChannelHint
+            nextChannelHint = nextChannelHint >= UInt16(channelMax) ? 1 : nextChannelHint + 1
+            if channels[id] == nil { return id }
+        }
+        return nil
+    }
+
+    func closeChannel(_ ch: ChannelState) {
+        guard channels[ch.id] === ch else { return }
+        if ch.closedError == nil {
+            _ = amqp_channel_close(conn, ch.id, Int32(AMQP_REPLY_SUCCESS))
+        }
+        ch.fail(AMQPError(.channelClosed, "channel \(ch.id) was closed"))
+        channels[ch.id] = nil
+    }
+
+    // MARK: - Errors
+
+    /// Turns a rabbitmq-c reply into success or an error, doing what the
+    /// protocol asks on the way: close-ok for a closed channel or connection.
+    func check(_ reply: amqp_rpc_reply_t, channel: ChannelState?, _ context: String) throws {
+        switch RabbitMQOutcome(reply) {
+        case .ok:
+            return
+        case .channelClosed(let code, let text):
+            let error = AMQPError(
+                .channelClosed, "\(context): \(AMQPError.replyName(code)) - \(text)", replyCode: code)
+            if let channel { brokerClosedChannel(channel, error) }
+            throw error
+        case .connectionClosed(let code, let text):
+            throw brokerClosedConnection(code: code, text: text, context: context)
+        case .library(let status):
+            let error = AMQPError.library(status, context)
+            // A library failure leaves the stream in an unknown state: end the connection.
+            fail(error)
+            throw error
+        }
+    }
+
+    func checkStatus(_ status: Int32, _ context: String) throws {
+        guard status != AMQP_STATUS_OK.rawValue else { return }
+        let error = AMQPError.library(status, context)
+        fail(error)
+        throw error
+    }
+
+    func brokerClosedChannel(_ ch: ChannelState, _ error: AMQPError) {
+        var ok = amqp_channel_close_ok_t()
+        _ = amqp_send_method(conn, ch.id, FD_CHANNEL_CLOSE_OK, &ok)
+        ch.fail(error)
+        channels[ch.id] = nil
+    }
+
+    func brokerClosedConnection(code: UInt16, text: String, context: String) -> AMQPError {
+        var ok = amqp_connection_close_ok_t()
+        _ = amqp_send_method(conn, 0, FD_CONNECTION_CLOSE_OK, &ok)
+        let errorCode: AMQPError.Code = (code == 403 || code == 530) ? .authenticationFailed : .connectionClosed
+        let error = AMQPError(
+            errorCode, "\(context): the broker closed the connection: \(AMQPError.replyName(code)) - \(text)",
+            replyCode: code)
+        fail(error)
+        return error
+    }
+}

@@ -1,0 +1,80 @@
+import AMQP
+import Foundation
+
+/// The broker the integration tests run against: the project-local one that
+/// `scripts/broker.sh start` runs (the test script starts it). Tests fail, not
+/// skip, when it is not there.
+enum TestBroker {
+    static var url: AMQPURL {
+        let text = ProcessInfo.processInfo.environment["FRONTDESK_TEST_AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f"
+        return try! AMQPURL(parsing: text)
+    }
+
+    static var tlsURL: AMQPURL {
+        let text = ProcessInfo.processInfo.environment["FRONTDESK_TEST_AMQPS_URL"] ?? "amqps://guest:guest@localhost:5681/%2f"
+        return try! AMQPURL(parsing: text)
+    }
+
+    static var certsDirectory: String {
+        ProcessInfo.processInfo.environment["FRONTDESK_TEST_CERTS"] ?? "/var/tmp/frontdesk-broker/certs"
+    }
+
+    static func configuration(_ name: String, url: AMQPURL = TestBroker.url) -> AMQPConnectionConfiguration {
+        AMQPConnectionConfiguration(url: url, connectionName: "frontdesk-test:\(name)")
+    }
+
+    static func connect(_ name: String) async throws -> AMQPConnection {
+        try await AMQPConnection.connect(configuration(name))
+    }
+
+    /// A name no other test (or earlier run) uses.
+    static func uniqueName(_ prefix: String) -> String {
+        "frontdesk.test.\(prefix).\(UUID().uuidString.prefix(8).lowercased())"
+    }
+
+    /// Runs the project's broker script (`stop`, `start`, `ctl ...`).
+    @discardableResult
+    static func script(_ arguments: [String]) throws -> String {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/bin/bash")
+        p.arguments = [root.appendingPathComponent("scripts/broker.sh").path] + arguments
+        let out = Pipe()
+        p.standardOutput = out
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return String(decoding: data, as: UTF8.self)
+    }
+}
+
+extension AsyncSequence where Self: Sendable, Element: Sendable {
+    /// The first `n` elements, or what arrived before `timeout`.
+    func first(_ n: Int, timeout: Duration) async throws -> [Element] {
+        try await withThrowingTaskGroup(of: [Element].self) { group in
+            let collected = CollectedElements<Element>()
+            group.addTask {
+                for try await e in self {
+                    if await collected.append(e) >= n { break }
+                }
+                return await collected.all
+            }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                return await collected.all
+            }
+            let result = try await group.next()!
+            group.cancelAll()
+            return result
+        }
+    }
+}
+
+actor CollectedElements<Element: Sendable> {
+    var all: [Element] = []
+    func append(_ e: Element) -> Int {
+        all.append(e)
+        return all.count
+    }
+}
