@@ -80,6 +80,14 @@ start() {
   write_config
   chown -R rabbitmq:rabbitmq "$BASE"
   log "starting $NODE (AMQP $PORT, AMQPS $TLS_PORT, data $BASE)"
+  # The broker outlives this script: it must hold none of the caller's
+  # descriptors (a caller waiting for EOF on a pipe would wait for ever).
+  (
+    for fd in /proc/self/fd/*; do
+      n=${fd##*/}
+      [ "$n" -gt 2 ] 2>/dev/null && eval "exec $n>&-" 2>/dev/null
+    done
+    exec env \
   RABBITMQ_NODENAME="$NODE" \
   RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
   RABBITMQ_NODE_PORT="$PORT" \
@@ -89,7 +97,8 @@ start() {
   RABBITMQ_MNESIA_BASE="$BASE/mnesia" \
   RABBITMQ_LOG_BASE="$BASE/log" \
   RABBITMQ_PID_FILE="$BASE/pid" \
-    setsid nohup rabbitmq-server > "$BASE/log/console.log" 2>&1 < /dev/null &
+    setsid nohup rabbitmq-server > "$BASE/log/console.log" 2>&1 < /dev/null
+  ) &
   local pid=$!
   for _ in $(seq 1 120); do
     if ctl await_startup --timeout 2 >/dev/null 2>&1; then

@@ -46,6 +46,7 @@ public final class AMQPConnection: Sendable {
     }
 
     /// Opens a channel, runs `body` with it and closes it.
+    @discardableResult
     public func withChannel<T: Sendable>(_ body: (AMQPChannel) async throws -> T) async throws -> T {
         let channel = try await openChannel()
         do {

@@ -2,6 +2,7 @@ import AMQP
 import Foundation
 import Testing
 
+extension BrokerIntegration {
 @Suite("Publish and consume on a real broker", .timeLimit(.minutes(1)))
 struct PublishConsumeTests {
     @Test func roundTripWithConfirmsKeepsBodyAndProperties() async throws {
@@ -61,4 +62,5 @@ struct PublishConsumeTests {
         #expect(error.replyCode == 312)
         await connection.close()
     }
+}
 }

@@ -36,16 +36,21 @@ enum TestBroker {
     @discardableResult
     static func script(_ arguments: [String]) throws -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        // Output goes through a file, not a pipe: epmd, which the broker's
+        // tools start, outlives them and would hold a pipe open for ever.
+        let output = FileManager.default.temporaryDirectory.appendingPathComponent("broker-\(UUID().uuidString).out")
+        _ = FileManager.default.createFile(atPath: output.path, contents: nil)
+        defer { try? FileManager.default.removeItem(at: output) }
+        let handle = try FileHandle(forWritingTo: output)
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/bin/bash")
         p.arguments = [root.appendingPathComponent("scripts/broker.sh").path] + arguments
-        let out = Pipe()
-        p.standardOutput = out
+        p.standardOutput = handle
         p.standardError = FileHandle.nullDevice
         try p.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
         p.waitUntilExit()
-        return String(decoding: data, as: UTF8.self)
+        try handle.close()
+        return try String(contentsOf: output, encoding: .utf8)
     }
 }
 
@@ -78,3 +83,10 @@ actor CollectedElements<Element: Sendable> {
         return all.count
     }
 }
+
+import Testing
+
+/// Every integration suite nests in here: `.serialized` keeps them from
+/// running at once, since one of them restarts the shared broker.
+@Suite("Integration against the local broker", .serialized)
+struct BrokerIntegration {}

@@ -51,7 +51,7 @@ extension ConnectionLoop {
             if let ch = channels[channelID] {
                 brokerClosedChannel(ch, AMQPError(
                     .channelClosed,
-                    "the broker closed channel \(channelID): \(AMQPError.replyName(m.reply_code)) - \(m.reply_text.string)",
+                    "the broker closed channel \(channelID): \(AMQPError.describeReply(m.reply_code, m.reply_text.string))",
                     replyCode: m.reply_code))
             }
         case FD_CONNECTION_CLOSE:

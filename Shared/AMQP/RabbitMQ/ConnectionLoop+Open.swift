@@ -29,7 +29,7 @@ extension ConnectionLoop {
                 let kind: AMQPError.Code = (code == 403 || code == 530) ? .authenticationFailed : .connectionFailed
                 throw AMQPError(
                     kind, "the broker refused \(url.user)@\(url.host):\(url.port) vhost '\(url.vhost)': "
-                        + "\(AMQPError.replyName(code)) - \(text)", replyCode: code)
+                        + "\(AMQPError.describeReply(code, text))", replyCode: code)
             case .library(let status):
                 var error = AMQPError.library(status, "logging in to \(url)")
                 // Without authentication_failure_close a bad password shows as a closed socket.

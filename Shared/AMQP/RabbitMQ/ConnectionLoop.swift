@@ -142,7 +142,7 @@ final class ConnectionLoop {
             return
         case .channelClosed(let code, let text):
             let error = AMQPError(
-                .channelClosed, "\(context): \(AMQPError.replyName(code)) - \(text)", replyCode: code)
+                .channelClosed, "\(context): \(AMQPError.describeReply(code, text))", replyCode: code)
             if let channel { brokerClosedChannel(channel, error) }
             throw error
         case .connectionClosed(let code, let text):
@@ -174,7 +174,7 @@ final class ConnectionLoop {
         _ = amqp_send_method(conn, 0, FD_CONNECTION_CLOSE_OK, &ok)
         let errorCode: AMQPError.Code = (code == 403 || code == 530) ? .authenticationFailed : .connectionClosed
         let error = AMQPError(
-            errorCode, "\(context): the broker closed the connection: \(AMQPError.replyName(code)) - \(text)",
+            errorCode, "\(context): the broker closed the connection: \(AMQPError.describeReply(code, text))",
             replyCode: code)
         fail(error)
         return error

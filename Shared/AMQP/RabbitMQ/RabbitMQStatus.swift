@@ -54,6 +54,13 @@ extension AMQPError {
         return AMQPError(code, "\(context): \(text)", libraryStatus: status)
     }
 
+    /// "NOT_FOUND - no queue 'x'": RabbitMQ's reply texts usually start with
+    /// the code's name already; others get it added.
+    static func describeReply(_ code: UInt16, _ text: String) -> String {
+        let name = replyName(code)
+        return text.hasPrefix(name) ? text : "\(name) - \(text)"
+    }
+
     /// Names the reply codes a reader meets most.
     static func replyName(_ code: UInt16) -> String {
         switch code {

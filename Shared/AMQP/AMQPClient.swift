@@ -1,0 +1,204 @@
+import Foundation
+import Synchronization
+
+/// A connection that recovers: when it drops (a broker restart, the network),
+/// `run()` reconnects with capped exponential backoff and jitter, declares
+/// the topology again and resumes every consumer. Consumers are async
+/// sequences that outlive the connections under them.
+///
+/// Deliveries from a connection that has since dropped cannot be acked (the
+/// broker has requeued them already); their `ack` throws and changes nothing.
+public final class AMQPClient: Sendable {
+    public struct Configuration: Sendable {
+        public var connection: AMQPConnectionConfiguration
+        /// Delay before reconnect attempt n+1.
+        public var reconnectBackoff = Backoff(baseMs: 200, maxMs: 10_000)
+
+        public init(connection: AMQPConnectionConfiguration) {
+            self.connection = connection
+        }
+    }
+
+    /// Declares what the client's users need; runs on every (re)connect.
+    public typealias Topology = @Sendable (AMQPChannel) async throws -> Void
+    /// Told of every connection failure, for logs.
+    public typealias EventHandler = @Sendable (ClientEvent) -> Void
+
+    public enum ClientEvent: Sendable {
+        case connected(attempt: Int)
+        case connectFailed(AMQPError, retryInMs: Int)
+        case connectionLost(AMQPError?)
+        case consumerRestartFailed(queue: String, AMQPError)
+    }
+
+    struct Live {
+        let connection: AMQPConnection
+        var publishChannel: AMQPChannel?
+    }
+
+    struct State {
+        var live: Live?
+        var connectionState: ConnectionState = .connecting
+        var stateSubscribers: [UUID: AsyncStream<ConnectionState>.Continuation] = [:]
+        var consumers: [UUID: ConsumerRegistration] = [:]
+        var shuttingDown = false
+        var stopWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    public let configuration: Configuration
+    let topology: Topology
+    let onEvent: EventHandler
+    let state = Mutex(State())
+
+    public init(
+        configuration: Configuration, topology: @escaping Topology = { _ in },
+        onEvent: @escaping EventHandler = { _ in }
+    ) {
+        self.configuration = configuration
+        self.topology = topology
+        self.onEvent = onEvent
+    }
+
+    // MARK: State
+
+    public var connectionState: ConnectionState { state.withLock { $0.connectionState } }
+
+    /// The current state, then every change, until the client closes.
+    public func stateUpdates() -> AsyncStream<ConnectionState> {
+        let (stream, continuation) = AsyncStream<ConnectionState>.makeStream(bufferingPolicy: .bufferingNewest(16))
+        let id = UUID()
+        let current: ConnectionState = state.withLock { s in
+            s.stateSubscribers[id] = continuation
+            return s.connectionState
+        }
+        continuation.yield(current)
+        if current == .closed { continuation.finish() }
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.state.withLock { $0.stateSubscribers.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    func setState(_ new: ConnectionState) {
+        let subscribers = state.withLock { s -> [AsyncStream<ConnectionState>.Continuation] in
+            guard s.connectionState != new else { return [] }
+            s.connectionState = new
+            return Array(s.stateSubscribers.values)
+        }
+        for c in subscribers {
+            c.yield(new)
+            if new == .closed { c.finish() }
+        }
+    }
+
+    /// Waits until connected; throws after `timeout` or once the client closed.
+    public func waitUntilConnected(timeout: Duration = .seconds(30)) async throws {
+        let deadline = ContinuousClock.now + timeout
+        for await s in stateUpdates() {
+            if s == .connected { return }
+            if s == .closed || ContinuousClock.now >= deadline { break }
+        }
+        throw AMQPError(.timeout, "not connected to \(configuration.connection.url) within \(timeout)")
+    }
+
+    // MARK: Running
+
+    /// Connects and keeps connecting until `shutdown()`.
+    public func run() async {
+        var attempt = 0
+        while !isShuttingDown {
+            attempt += 1
+            do {
+                let connection = try await AMQPConnection.connect(configuration.connection)
+                do {
+                    try await connection.withChannel { try await self.topology($0) }
+                    let publishChannel = try await connection.openChannel()
+                    try await publishChannel.confirmSelect()
+                    let accepted = state.withLock { s -> Bool in
+                        guard !s.shuttingDown else { return false }
+                        s.live = Live(connection: connection, publishChannel: publishChannel)
+                        return true
+                    }
+                    guard accepted else {
+                        await connection.close()
+                        break
+                    }
+                    try await startAllConsumers(on: connection)
+                } catch {
+                    await connection.close()
+                    throw error
+                }
+                setState(.connected)
+                onEvent(.connected(attempt: attempt))
+                attempt = 0
+                let lost = await connection.waitForEnd()
+                state.withLock { $0.live = nil }
+                if isShuttingDown { break }
+                onEvent(.connectionLost(lost))
+                setState(.reconnecting(reason: lost?.description ?? "closed"))
+            } catch {
+                state.withLock { $0.live = nil }
+                if isShuttingDown { break }
+                let error = error as? AMQPError ?? AMQPError(.library, "\(error)")
+                let delay = configuration.reconnectBackoff.delayMs(afterAttempt: attempt)
+                onEvent(.connectFailed(error, retryInMs: delay))
+                setState(attempt == 1 && connectionState == .connecting ? .connecting : .reconnecting(reason: error.description))
+                await sleepUnlessShuttingDown(milliseconds: delay)
+            }
+        }
+        finishAll()
+    }
+
+    private var isShuttingDown: Bool { state.withLock { $0.shuttingDown } }
+
+    private func sleepUnlessShuttingDown(milliseconds: Int) async {
+        let deadline = ContinuousClock.now + .milliseconds(milliseconds)
+        while ContinuousClock.now < deadline, !isShuttingDown {
+            try? await Task.sleep(for: min(.milliseconds(50), deadline - ContinuousClock.now))
+        }
+    }
+
+    /// Stops every consumer (basic.cancel): each consumer's sequence yields
+    /// what it already received, then ends. Publishing still works.
+    public func stopConsuming() async {
+        let registrations = state.withLock { s -> [ConsumerRegistration] in
+            let r = Array(s.consumers.values)
+            s.consumers.removeAll()
+            return r
+        }
+        for r in registrations { await r.stop() }
+    }
+
+    /// Stops consuming, closes the connection cleanly and makes `run()` return.
+    public func shutdown() async {
+        await stopConsuming()
+        let live = state.withLock { s -> Live? in
+            s.shuttingDown = true
+            return s.live
+        }
+        await live?.connection.close()
+    }
+
+    private func finishAll() {
+        let registrations = state.withLock { s -> [ConsumerRegistration] in
+            s.shuttingDown = true
+            let r = Array(s.consumers.values)
+            s.consumers.removeAll()
+            s.live = nil
+            return r
+        }
+        for r in registrations { r.finish() }
+        setState(.closed)
+    }
+
+    // MARK: Channels
+
+    /// Runs `body` on a fresh channel of the current connection.
+    @discardableResult
+    public func withChannel<T: Sendable>(_ body: (AMQPChannel) async throws -> T) async throws -> T {
+        guard let connection = state.withLock({ $0.live?.connection }) else {
+            throw AMQPError(.connectionClosed, "not connected to \(configuration.connection.url)")
+        }
+        return try await connection.withChannel(body)
+    }
+}

@@ -1,0 +1,129 @@
+import AMQP
+import Foundation
+import Testing
+
+extension BrokerIntegration {
+    @Suite("Queues, prefetch and broker errors", .timeLimit(.minutes(1)))
+    struct ChannelTests {
+        @Test func prefetchLimitsUnackedDeliveries() async throws {
+            let connection = try await TestBroker.connect("prefetch")
+            defer { Task { await connection.close() } }
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("prefetch")
+            try await channel.queueDeclare(queue, durable: false, autoDelete: true)
+            try await channel.confirmSelect()
+            _ = try await channel.publish((0..<20).map {
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("\($0)".utf8))
+            })
+            try await channel.qos(prefetchCount: 5)
+            let consumer = try await channel.consume(queue: queue)
+            var iterator = consumer.makeAsyncIterator()
+            var received: [AMQPDelivery] = []
+            for _ in 0..<5 { received.append(try #require(try await iterator.next())) }
+            // With 5 unacked, the broker must hold the rest back.
+            try await Task.sleep(for: .milliseconds(300))
+            let waiting = try await connection.withChannel { try await $0.queueDeclare(queue, passive: true) }
+            #expect(waiting.messageCount == 15)
+            // Acking releases the next ones.
+            try await received.last!.ack(multiple: true)
+            for _ in 0..<5 { received.append(try #require(try await iterator.next())) }
+            #expect(received.map { String(decoding: $0.body, as: UTF8.self) } == (0..<10).map(String.init))
+        }
+
+        @Test func passiveDeclareReportsMessageAndConsumerCounts() async throws {
+            let connection = try await TestBroker.connect("counts")
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("counts")
+            try await channel.queueDeclare(queue, durable: false)
+            try await channel.confirmSelect()
+            for i in 0..<3 { try await channel.publish(exchange: "", routingKey: queue, body: Data("\(i)".utf8)) }
+            var counts = try await channel.queueDeclare(queue, passive: true)
+            #expect(counts.messageCount == 3)
+            #expect(counts.consumerCount == 0)
+
+            let other = try await connection.openChannel()
+            try await other.qos(prefetchCount: 1)
+            let consumer = try await other.consume(queue: queue)
+            counts = try await channel.queueDeclare(queue, passive: true)
+            #expect(counts.consumerCount == 1)
+            try await consumer.cancel()
+            counts = try await channel.queueDeclare(queue, passive: true)
+            #expect(counts.consumerCount == 0)
+            try await channel.queueDelete(queue)
+            await connection.close()
+        }
+
+        @Test func quorumQueueDeclareAndTypedBrokerErrors() async throws {
+            let connection = try await TestBroker.connect("errors")
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("quorum")
+            let arguments: FieldTable = [
+                "x-queue-type": "quorum", "x-dead-letter-exchange": "frontdesk.test.dlx",
+                "x-delivery-limit": 5, "x-single-active-consumer": true,
+            ]
+            try await channel.queueDeclare(queue, arguments: arguments)
+            // Declaring again with the same arguments is idempotent.
+            try await channel.queueDeclare(queue, arguments: arguments)
+
+            // Different arguments: 406 PRECONDITION_FAILED, and the channel is closed.
+            await #expect {
+                try await channel.queueDeclare(queue, arguments: ["x-queue-type": "classic"])
+            } throws: { error in
+                let e = error as? AMQPError
+                return e?.code == .channelClosed && e?.replyCode == 406 && e?.isRetryable == false
+            }
+            await #expect(throws: AMQPError.self) { try await channel.queueDeclare(queue, passive: true) }
+
+            // A missing queue: 404 NOT_FOUND on a fresh channel.
+            let fresh = try await connection.openChannel()
+            await #expect {
+                try await fresh.queueDeclare(TestBroker.uniqueName("missing"), passive: true)
+            } throws: { error in
+                (error as? AMQPError)?.replyCode == 404 && "\(error)".contains("NOT_FOUND")
+            }
+            // The connection survives channel errors.
+            let third = try await connection.openChannel()
+            let counts = try await third.queueDeclare(queue, passive: true)
+            #expect(counts.messageCount == 0)
+            try await third.queueDelete(queue)
+            #expect(connection.isOpen)
+            await connection.close()
+        }
+
+        @Test func publishingToAMissingExchangeFailsTheConfirm() async throws {
+            let connection = try await TestBroker.connect("missing-exchange")
+            let channel = try await connection.openChannel()
+            try await channel.confirmSelect()
+            await #expect {
+                try await channel.publish(exchange: TestBroker.uniqueName("nope"), routingKey: "x", body: Data())
+            } throws: { error in
+                (error as? AMQPError)?.replyCode == 404
+            }
+            await connection.close()
+        }
+
+        @Test func exchangesBindUnbindPurgeAndDelete() async throws {
+            let connection = try await TestBroker.connect("exchanges")
+            let channel = try await connection.openChannel()
+            let exchange = TestBroker.uniqueName("topic")
+            let queue = TestBroker.uniqueName("bound")
+            try await channel.exchangeDeclare(exchange, type: "topic", durable: false, autoDelete: false)
+            try await channel.queueDeclare(queue, durable: false)
+            try await channel.queueBind(queue, exchange: exchange, routingKey: "status.yemaya.#")
+            try await channel.confirmSelect()
+            try await channel.publish(exchange: exchange, routingKey: "status.yemaya.board-prep.sending", body: Data("1".utf8))
+            try await channel.publish(exchange: exchange, routingKey: "status.acme.ops.sending", body: Data("2".utf8))
+            #expect(try await channel.queueDeclare(queue, passive: true).messageCount == 1)
+            #expect(try await channel.queuePurge(queue) == 1)
+            try await channel.queueUnbind(queue, exchange: exchange, routingKey: "status.yemaya.#")
+            try await channel.publish(exchange: exchange, routingKey: "status.yemaya.board-prep.sending", body: Data("3".utf8))
+            #expect(try await channel.queueDeclare(queue, passive: true).messageCount == 0)
+            try await channel.queueDelete(queue)
+            try await channel.exchangeDelete(exchange)
+            await #expect(throws: AMQPError.self) {
+                try await connection.withChannel { try await $0.exchangeDeclare(exchange, type: "topic", passive: true) }
+            }
+            await connection.close()
+        }
+    }
+}

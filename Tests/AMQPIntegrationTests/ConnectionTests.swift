@@ -1,0 +1,92 @@
+import AMQP
+import Foundation
+import Testing
+
+extension BrokerIntegration {
+    @Suite("Connections: login, TLS, heartbeats, names", .timeLimit(.minutes(1)))
+    struct ConnectionTests {
+        @Test func wrongPasswordIsAClearAuthenticationError() async throws {
+            var url = TestBroker.url
+            url.password = "certainly-not-the-password"
+            let configuration = TestBroker.configuration("bad-login", url: url)
+            do {
+                _ = try await AMQPConnection.connect(configuration)
+                Issue.record("a wrong password was accepted")
+            } catch let error as AMQPError {
+                #expect(error.code == .authenticationFailed)
+                #expect(error.replyCode == 403)
+                #expect(!error.description.contains("certainly-not-the-password"))
+                #expect(error.description.contains("ACCESS_REFUSED"))
+            }
+        }
+
+        @Test func unreachableBrokerIsAConnectionError() async throws {
+            var url = TestBroker.url
+            url.port = 1  // nothing listens there
+            await #expect {
+                _ = try await AMQPConnection.connect(TestBroker.configuration("unreachable", url: url))
+            } throws: { ($0 as? AMQPError)?.code == .connectionFailed && ($0 as? AMQPError)?.isRetryable == true }
+        }
+
+        @Test func tlsWithTheRightCAConnectsAndPublishes() async throws {
+            var configuration = TestBroker.configuration("tls", url: TestBroker.tlsURL)
+            configuration.tls = .init(caFile: "\(TestBroker.certsDirectory)/ca.pem")
+            let connection = try await AMQPConnection.connect(configuration)
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("tls")
+            try await channel.queueDeclare(queue, durable: false, autoDelete: true)
+            try await channel.confirmSelect()
+            try await channel.publish(exchange: "", routingKey: queue, body: Data("over tls".utf8))
+            let delivered = try await channel.consume(queue: queue, noAck: true).first(1, timeout: .seconds(5))
+            #expect(delivered.map { String(decoding: $0.body, as: UTF8.self) } == ["over tls"])
+            await connection.close()
+        }
+
+        @Test func tlsWithAClientCertificateConnects() async throws {
+            var configuration = TestBroker.configuration("tls-client-cert", url: TestBroker.tlsURL)
+            let dir = TestBroker.certsDirectory
+            configuration.tls = .init(caFile: "\(dir)/ca.pem", certificateFile: "\(dir)/client.pem", keyFile: "\(dir)/client.key")
+            let connection = try await AMQPConnection.connect(configuration)
+            #expect(connection.isOpen)
+            await connection.close()
+        }
+
+        @Test func tlsWithTheWrongCAIsRefused() async throws {
+            var configuration = TestBroker.configuration("tls-wrong-ca", url: TestBroker.tlsURL)
+            configuration.tls = .init(caFile: "\(TestBroker.certsDirectory)/wrong-ca.pem")
+            await #expect {
+                _ = try await AMQPConnection.connect(configuration)
+            } throws: { ($0 as? AMQPError)?.code == .tlsFailed }
+        }
+
+        @Test func idleConnectionStaysAliveOnHeartbeats() async throws {
+            var url = TestBroker.url
+            url.heartbeat = 1  // the broker drops a peer silent for 2 heartbeats
+            let connection = try await AMQPConnection.connect(TestBroker.configuration("heartbeat", url: url))
+            try await Task.sleep(for: .seconds(4))
+            #expect(connection.isOpen)
+            let channel = try await connection.openChannel()
+            try await channel.queueDeclare(TestBroker.uniqueName("alive"), durable: false, autoDelete: true)
+            await connection.close()
+        }
+
+        @Test func connectionNameIsVisibleToTheBroker() async throws {
+            let name = "frontdesk-test:named-\(UUID().uuidString.prefix(6))"
+            let connection = try await AMQPConnection.connect(
+                AMQPConnectionConfiguration(url: TestBroker.url, connectionName: name))
+            let listing = try TestBroker.script(["ctl", "list_connections", "client_properties"])
+            #expect(listing.contains(name))
+            await connection.close()
+        }
+
+        @Test func closeFailsLaterCallsWithAClearError() async throws {
+            let connection = try await TestBroker.connect("close")
+            let channel = try await connection.openChannel()
+            await connection.close()
+            #expect(!connection.isOpen)
+            await #expect {
+                try await channel.queueDeclare("x", passive: true)
+            } throws: { ($0 as? AMQPError)?.code == .connectionClosed }
+        }
+    }
+}

@@ -1,0 +1,80 @@
+import AMQP
+import Foundation
+import Testing
+
+extension BrokerIntegration {
+    @Suite("Recovery after the broker goes away", .timeLimit(.minutes(2)))
+    struct RecoveryTests {
+        func client(_ name: String, queue: String) -> AMQPClient {
+            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration(name))
+            configuration.reconnectBackoff = Backoff(baseMs: 100, maxMs: 1000)
+            return AMQPClient(configuration: configuration, topology: { channel in
+                try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+            })
+        }
+
+        @Test func consumerResumesAfterABrokerRestartAndNoMessageIsLost() async throws {
+            let queue = TestBroker.uniqueName("recovery")
+            let client = client("recovery", queue: queue)
+            let runner = Task { await client.run() }
+            try await client.waitUntilConnected()
+            let deliveries = await client.consume(ConsumerSpecification(queue: queue, prefetchCount: 10))
+
+            // Half before the restart, half after; every one must arrive and be acked.
+            let persistent = AMQPProperties(deliveryMode: 2)
+            for i in 0..<20 {
+                try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("\(i)".utf8), properties: persistent))
+            }
+            var seen = Set<String>()
+            var iterator = deliveries.makeAsyncIterator()
+            for _ in 0..<10 {
+                let d = try #require(await iterator.next())
+                seen.insert(String(decoding: d.body, as: UTF8.self))
+                try await d.ack()
+            }
+
+            let states = client.stateUpdates()
+            try TestBroker.script(["restart"])
+            // The client must notice, then come back by itself.
+            var sawReconnecting = false
+            for await s in states {
+                if case .reconnecting = s { sawReconnecting = true }
+                if sawReconnecting, s == .connected { break }
+            }
+            #expect(sawReconnecting)
+            for i in 20..<30 {
+                try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("\(i)".utf8), properties: persistent))
+            }
+            // Unacked ones come again after the restart: collect until all 30 are seen.
+            while seen.count < 30 {
+                let d = try #require(await iterator.next())
+                seen.insert(String(decoding: d.body, as: UTF8.self))
+                try? await d.ack()
+            }
+            #expect(seen == Set((0..<30).map(String.init)))
+            try await client.withChannel { try await $0.queueDelete(queue) }
+            await client.shutdown()
+            await runner.value
+            #expect(client.connectionState == .closed)
+        }
+
+        @Test func clientReconnectsAfterTheBrokerClosesItsConnection() async throws {
+            let queue = TestBroker.uniqueName("forced")
+            let client = client("forced-close-\(UUID().uuidString.prefix(6))", queue: queue)
+            let runner = Task { await client.run() }
+            try await client.waitUntilConnected()
+            let states = client.stateUpdates()
+            try TestBroker.script(["ctl", "close_all_connections", "test: forced close"])
+            var sawReconnecting = false
+            for await s in states {
+                if case .reconnecting = s { sawReconnecting = true }
+                if sawReconnecting, s == .connected { break }
+            }
+            // The topology was declared again: the queue is there and usable.
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("after".utf8), mandatory: true))
+            try await client.withChannel { try await $0.queueDelete(queue) }
+            await client.shutdown()
+            await runner.value
+        }
+    }
+}
