@@ -1,0 +1,86 @@
+import AMQP
+import Foundation
+
+/// What every Front Desk service starts with: its configuration read from
+/// the environment and flags, a logger, metrics, a recovering AMQP client
+/// and the probe listener.
+public struct ServiceBootstrap: Sendable {
+    public let configuration: ServiceConfiguration
+    public let logger: Logger
+    public let metrics: MetricsRegistry
+    public let client: AMQPClient
+
+    /// Reads the configuration; prints help and exits 0 for `--help`, and
+    /// exits 2 with one sentence on stderr for a usage mistake.
+    public static func configurationOrExit(
+        service: String, summary: String, defaultHTTPPort: Int,
+        arguments: [String] = Array(CommandLine.arguments.dropFirst()),
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) -> ServiceConfiguration {
+        do {
+            let options = ServiceConfiguration.options(defaultHTTPPort: defaultHTTPPort)
+            switch try OptionReader.read(options, arguments: arguments, environment: environment, program: service, summary: summary) {
+            case .help(let text):
+                print(text)
+                exit(0)
+            case .values(let values):
+                return try ServiceConfiguration(service: service, values: values, defaultHTTPPort: defaultHTTPPort)
+            }
+        } catch {
+            FileHandle.standardError.write(Data("\(service): \(error.message)\n".utf8))
+            exit(2)
+        }
+    }
+
+    public init(configuration: ServiceConfiguration, topology: @escaping AMQPClient.Topology) {
+        self.configuration = configuration
+        let logger = Logger(service: configuration.service, level: configuration.logLevel)
+        self.logger = logger
+        metrics = MetricsRegistry()
+        let connected = metrics.gauge("frontdesk_amqp_connected", "1 while connected with the topology declared")
+        let reconnects = metrics.counter("frontdesk_amqp_reconnects_total", "connection attempts that failed or connections lost")
+        client = AMQPClient(
+            configuration: AMQPClient.Configuration(connection: configuration.amqp), topology: topology,
+            onEvent: { event in
+                switch event {
+                case .connected(let attempt):
+                    connected.set(1)
+                    logger.info("connected", [("broker", .string("\(configuration.amqp.url)")), ("attempt", .int(attempt))])
+                case .connectFailed(let error, let retryInMs):
+                    connected.set(0)
+                    reconnects.increment()
+                    logger.warning("cannot connect; retrying", [("error", .string(error.description)), ("retry_in_ms", .int(retryInMs))])
+                case .connectionLost(let error):
+                    connected.set(0)
+                    reconnects.increment()
+                    logger.warning("connection lost; reconnecting", [("error", .string(error?.description ?? "closed"))])
+                case .consumerRestartFailed(let queue, let error):
+                    logger.warning("consumer stopped; restarting", [("queue", .string(queue)), ("error", .string(error.description))])
+                }
+            })
+    }
+
+    /// Starts /healthz, /readyz and /metrics unless the port is 0.
+    public func startProbes() -> HTTPServer? {
+        guard configuration.httpPort != 0 else { return nil }
+        let client = client
+        do {
+            let server = try HTTPServer(
+                port: configuration.httpPort,
+                handler: ProbeRoutes.handler(isReady: { client.connectionState.isReady }, metrics: metrics))
+            logger.info("serving probes", [("port", .int(server.port))])
+            return server
+        } catch {
+            logger.error("cannot serve probes", [("error", .string("\(error)"))])
+            exit(1)
+        }
+    }
+}
+
+/// Runs an `AMQPClient` as a service: connect and reconnect until shutdown.
+public struct AMQPClientService: Service {
+    public let client: AMQPClient
+    public init(client: AMQPClient) { self.client = client }
+    public func run() async throws { await client.run() }
+    public func shutdown() async { await client.shutdown() }
+}

@@ -1,0 +1,73 @@
+import AMQP
+import Foundation
+
+/// The settings of CONTRACT.md's configuration table, shared by both services.
+public struct ServiceConfiguration: Sendable {
+    public struct Retry: Sendable, Equatable {
+        public var baseMs = 1000
+        public var maxMs = 60_000
+        public var maxAttempts = 5
+    }
+
+    public var service: String
+    public var amqp: AMQPConnectionConfiguration
+    /// nil: the example table shipped with the project.
+    public var routesPath: String?
+    public var lifetimeSeconds = 14_400
+    public var retry = Retry()
+    public var replyTimeoutSeconds = 600
+    /// 0 turns the HTTP listener off.
+    public var httpPort: Int
+    public var logLevel: LogLevel = .info
+
+    public static let defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/%2f"
+
+    public static func options(defaultHTTPPort: Int) -> [OptionSpecification] {
+        [
+            .init("AMQP_URL", flag: "--amqp-url", default: defaultAMQPURL, help: "broker URL (amqps:// for TLS)"),
+            .init("AMQP_CA_FILE", flag: "--amqp-ca-file", default: "", help: "CA certificate (PEM) that signed the broker's"),
+            .init("AMQP_CERT_FILE", flag: "--amqp-cert-file", default: "", help: "client certificate (PEM)"),
+            .init("AMQP_KEY_FILE", flag: "--amqp-key-file", default: "", help: "client key (PEM)"),
+            .init("FRONTDESK_ROUTES", default: "the shipped example table", help: "routing table (JSON)"),
+            .init("FRONTDESK_LIFETIME_S", default: "14400", help: "a dispatch's lifetime, seconds"),
+            .init("FRONTDESK_RETRY_BASE_MS", default: "1000", help: "delay before the 2nd attempt, ms"),
+            .init("FRONTDESK_RETRY_MAX_MS", default: "60000", help: "longest delay between attempts, ms"),
+            .init("FRONTDESK_MAX_ATTEMPTS", default: "5", help: "delivery attempts before failing"),
+            .init("FRONTDESK_REPLY_TIMEOUT_S", default: "600", help: "wait for an agent's final reply, seconds"),
+            .init("FRONTDESK_HTTP_PORT", default: "\(defaultHTTPPort)", help: "port of /healthz, /readyz, /metrics; 0 turns it off"),
+            .init("FRONTDESK_LOG_LEVEL", default: "info", help: "debug, info, warning or error"),
+        ]
+    }
+
+    /// Builds the configuration from read option values.
+    public init(service: String, values: OptionValues, defaultHTTPPort: Int, hostName: String = ProcessInfo.processInfo.hostName) throws(UsageError) {
+        self.service = service
+        let urlText = values.string("AMQP_URL", default: Self.defaultAMQPURL)
+        let url: AMQPURL
+        do {
+            url = try AMQPURL(parsing: urlText)
+        } catch {
+            throw UsageError("AMQP_URL: \(error.message)")
+        }
+        var tls = AMQPConnectionConfiguration.TLS(
+            caFile: values["AMQP_CA_FILE"], certificateFile: values["AMQP_CERT_FILE"], keyFile: values["AMQP_KEY_FILE"])
+        tls.verifyPeer = true
+        tls.verifyHostname = true
+        if (tls.certificateFile == nil) != (tls.keyFile == nil) {
+            throw UsageError("AMQP_CERT_FILE and AMQP_KEY_FILE go together: give both or neither")
+        }
+        amqp = AMQPConnectionConfiguration(url: url, tls: tls, connectionName: "\(service)@\(hostName)")
+        routesPath = values["FRONTDESK_ROUTES"]
+        lifetimeSeconds = try values.int("FRONTDESK_LIFETIME_S", default: 14_400, in: 1...31_536_000)
+        retry.baseMs = try values.int("FRONTDESK_RETRY_BASE_MS", default: 1000, in: 1...86_400_000)
+        retry.maxMs = try values.int("FRONTDESK_RETRY_MAX_MS", default: 60_000, in: 1...86_400_000)
+        retry.maxAttempts = try values.int("FRONTDESK_MAX_ATTEMPTS", default: 5, in: 1...1000)
+        replyTimeoutSeconds = try values.int("FRONTDESK_REPLY_TIMEOUT_S", default: 600, in: 1...31_536_000)
+        httpPort = try values.int("FRONTDESK_HTTP_PORT", default: defaultHTTPPort, in: 0...65535)
+        let level = values.string("FRONTDESK_LOG_LEVEL", default: "info")
+        guard let parsed = LogLevel(rawValue: level.lowercased()) else {
+            throw UsageError("FRONTDESK_LOG_LEVEL must be debug, info, warning or error, not '\(level)'")
+        }
+        logLevel = parsed
+    }
+}

@@ -1,0 +1,110 @@
+import Dispatch
+import Foundation
+import Glibc
+import Synchronization
+
+/// A long-running part of a process.
+public protocol Service: Sendable {
+    /// Runs until the work is done or `shutdown()` was called.
+    func run() async throws
+    /// Asks `run()` to stop taking new work, finish or hand back what is in
+    /// flight, and return.
+    func shutdown() async
+}
+
+/// Runs services together and turns SIGTERM / SIGINT into a graceful
+/// shutdown: each service's `shutdown()`, last started first; after
+/// `gracePeriod`, the tasks are cancelled.
+public enum ServiceLifecycle {
+    /// Returns the process exit status: 0 after a clean stop, 1 when a
+    /// service failed.
+    public static func run(_ services: [any Service], logger: Logger, gracePeriod: Duration = .seconds(20)) async -> Int32 {
+        let signals = SignalStream([SIGTERM, SIGINT])
+        defer { signals.cancel() }
+        return await withTaskGroup(of: ServiceOutcome.self) { group in
+            for (index, service) in services.enumerated() {
+                group.addTask {
+                    do {
+                        try await service.run()
+                        return .finished(index)
+                    } catch {
+                        return .failed(index, error)
+                    }
+                }
+            }
+            group.addTask {
+                for await signal in signals.stream {
+                    return .signal(signal)
+                }
+                return .signal(0)
+            }
+            var status: Int32 = 0
+            var running = services.count
+            var shuttingDown = false
+            while running > 0, let outcome = await group.next() {
+                switch outcome {
+                case .signal(let number):
+                    guard number != 0, !shuttingDown else { continue }
+                    logger.info("stopping", [("signal", .int(Int(number)))])
+                case .finished:
+                    running -= 1
+                case .failed(_, let error):
+                    running -= 1
+                    status = 1
+                    logger.error("a service failed", [("error", .string("\(error)"))])
+                }
+                if !shuttingDown, running > 0 {
+                    shuttingDown = true
+                    // Stop the others, last started first, within the grace period.
+                    group.addTask {
+                        for service in services.reversed() { await service.shutdown() }
+                        try? await Task.sleep(for: gracePeriod)
+                        return .signal(-1)
+                    }
+                }
+                if case .signal(-1) = outcome {
+                    logger.warning("grace period over: cancelling")
+                    group.cancelAll()
+                }
+            }
+            signals.cancel()
+            group.cancelAll()
+            return status
+        }
+    }
+
+    private enum ServiceOutcome: Sendable {
+        case finished(Int)
+        case failed(Int, any Error)
+        case signal(Int32)
+    }
+}
+
+/// Signals as an async stream, through DispatchSource (not signal handlers).
+final class SignalStream: Sendable {
+    let stream: AsyncStream<Int32>
+    /// Dispatch sources are not Sendable; the mutex makes their hand-over safe.
+    private let sources: Mutex<[any DispatchSourceSignal]>
+    private let continuation: AsyncStream<Int32>.Continuation
+
+    init(_ numbers: [Int32]) {
+        let (stream, continuation) = AsyncStream<Int32>.makeStream()
+        self.stream = stream
+        self.continuation = continuation
+        sources = Mutex(numbers.map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { continuation.yield(number) }
+            source.resume()
+            return source
+        })
+    }
+
+    func cancel() {
+        sources.withLock { all in
+            for s in all { s.cancel() }
+            all.removeAll()
+        }
+        continuation.finish()
+    }
+}
