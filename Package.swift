@@ -36,7 +36,7 @@ let package = Package(
         .executableTarget(name: "amqp-bench", dependencies: ["AMQP"], path: "Benchmarks/AMQPBench"),
         .executableTarget(
             name: "amqp-c-baseline",
-            path: "Benchmarks/CRelay",
+            path: "Benchmarks/AMQPCBaseline",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
 

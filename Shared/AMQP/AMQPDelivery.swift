@@ -1,18 +1,23 @@
 import Foundation
 
-/// Acks, nacks or rejects on the channel a delivery came from. After that
-/// channel or connection has gone, the broker has already requeued the
-/// message, so the call throws `.channelClosed` and changes nothing.
+/// Acks, nacks or rejects on the channel a delivery came from.
+///
+/// Like a basic.ack on the wire, this does not wait for an answer: it queues
+/// the ack for the connection's thread and returns. It throws when the
+/// connection has already ended. An ack for a channel that has closed is
+/// dropped: the broker has requeued that message already.
 struct DeliveryAcknowledger: Sendable {
     let core: ConnectionCore
     let channel: UInt16
     let epoch: UInt64
 
-    func send(_ tag: UInt64, _ kind: AcknowledgementKind) async throws {
+    func send(_ tag: UInt64, _ kind: AcknowledgementKind) throws {
         let channel = channel, epoch = epoch
-        try await core.perform { loop in
-            try loop.acknowledge(try loop.channel(channel, epoch: epoch), tag: tag, kind: kind)
+        let accepted = core.submit { loop in
+            guard let ch = try? loop.channel(channel, epoch: epoch) else { return }
+            try? loop.acknowledge(ch, tag: tag, kind: kind)
         }
+        if !accepted { throw core.closedError }
     }
 }
 
@@ -29,15 +34,17 @@ public struct AMQPDelivery: Sendable {
     public let consumerTag: String
     let acknowledger: DeliveryAcknowledger
 
-    public func ack(multiple: Bool = false) async throws {
-        try await acknowledger.send(deliveryTag, .ack(multiple: multiple))
+    /// Queues basic.ack; throws only when the connection has ended.
+    public func ack(multiple: Bool = false) throws {
+        try acknowledger.send(deliveryTag, .ack(multiple: multiple))
     }
 
-    public func nack(requeue: Bool, multiple: Bool = false) async throws {
-        try await acknowledger.send(deliveryTag, .nack(multiple: multiple, requeue: requeue))
+    /// Queues basic.nack; with `requeue: false` the queue dead-letters the message (if it has a DLX).
+    public func nack(requeue: Bool, multiple: Bool = false) throws {
+        try acknowledger.send(deliveryTag, .nack(multiple: multiple, requeue: requeue))
     }
 
-    public func reject(requeue: Bool) async throws {
-        try await acknowledger.send(deliveryTag, .reject(requeue: requeue))
+    public func reject(requeue: Bool) throws {
+        try acknowledger.send(deliveryTag, .reject(requeue: requeue))
     }
 }

@@ -7,6 +7,12 @@ public struct ServiceConfiguration: Sendable {
         public var baseMs = 1000
         public var maxMs = 60_000
         public var maxAttempts = 5
+
+        public init(baseMs: Int = 1000, maxMs: Int = 60_000, maxAttempts: Int = 5) {
+            self.baseMs = baseMs
+            self.maxMs = maxMs
+            self.maxAttempts = maxAttempts
+        }
     }
 
     public var service: String

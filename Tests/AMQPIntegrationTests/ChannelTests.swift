@@ -25,7 +25,7 @@ extension BrokerIntegration {
             let waiting = try await connection.withChannel { try await $0.queueDeclare(queue, passive: true) }
             #expect(waiting.messageCount == 15)
             // Acking releases the next ones.
-            try await received.last!.ack(multiple: true)
+            try received.last!.ack(multiple: true)
             for _ in 0..<5 { received.append(try #require(try await iterator.next())) }
             #expect(received.map { String(decoding: $0.body, as: UTF8.self) } == (0..<10).map(String.init))
         }

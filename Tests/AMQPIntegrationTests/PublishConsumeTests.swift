@@ -34,7 +34,7 @@ struct PublishConsumeTests {
         #expect(first.routingKey == queue)
         #expect(first.exchange == "")
         #expect(first.redelivered == false)
-        try await deliveries.last!.ack(multiple: true)
+        try deliveries.last!.ack(multiple: true)
 
         #expect(try await channel.queueDelete(queue) == 0)
         await connection.close()

@@ -30,7 +30,7 @@ extension BrokerIntegration {
             for _ in 0..<10 {
                 let d = try #require(await iterator.next())
                 seen.insert(String(decoding: d.body, as: UTF8.self))
-                try await d.ack()
+                try d.ack()
             }
 
             let states = client.stateUpdates()
@@ -49,7 +49,7 @@ extension BrokerIntegration {
             while seen.count < 30 {
                 let d = try #require(await iterator.next())
                 seen.insert(String(decoding: d.body, as: UTF8.self))
-                try? await d.ack()
+                try? d.ack()
             }
             #expect(seen == Set((0..<30).map(String.init)))
             try await client.withChannel { try await $0.queueDelete(queue) }

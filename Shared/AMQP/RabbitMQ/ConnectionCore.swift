@@ -17,6 +17,9 @@ final class ConnectionCore: Sendable {
         var endError: AMQPError?
         var endWaiters: [CheckedContinuation<AMQPError?, Never>] = []
         var blockedReason: String?
+        /// True while the owner thread waits in poll(2): only then does a
+        /// new command need the eventfd write that wakes it.
+        var ownerIsWaiting = false
     }
 
     private let state = Mutex(State())
@@ -37,12 +40,14 @@ final class ConnectionCore: Sendable {
 
     /// Queues a command for the owner thread; false once the connection has ended.
     func submit(_ command: @escaping Command) -> Bool {
-        let accepted = state.withLock { s in
-            guard s.accepting else { return false }
+        let (accepted, needsWake) = state.withLock { s -> (Bool, Bool) in
+            guard s.accepting else { return (false, false) }
             s.commands.append(command)
-            return true
+            let wake = s.ownerIsWaiting
+            s.ownerIsWaiting = false
+            return (true, wake)
         }
-        if accepted { wake() }
+        if needsWake { wake() }
         return accepted
     }
 
@@ -66,6 +71,20 @@ final class ConnectionCore: Sendable {
     }
 
     var hasCommands: Bool { state.withLock { !$0.commands.isEmpty } }
+
+    /// Called by the owner thread before it waits: false when a command
+    /// arrived meanwhile and it should not wait at all.
+    func prepareToWait() -> Bool {
+        state.withLock { s in
+            guard s.commands.isEmpty else { return false }
+            s.ownerIsWaiting = true
+            return true
+        }
+    }
+
+    func finishedWaiting() {
+        state.withLock { $0.ownerIsWaiting = false }
+    }
 
     func wake() {
         var one: UInt64 = 1

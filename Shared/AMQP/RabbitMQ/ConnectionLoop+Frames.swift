@@ -2,8 +2,10 @@ import CRabbitMQ
 import Foundation
 
 extension ConnectionLoop {
-    /// Reads and dispatches every frame that is already available, without blocking.
-    func pumpFrames() {
+    /// Reads and dispatches every frame that is already available, without
+    /// blocking; returns how many it handled.
+    @discardableResult
+    func pumpFrames() -> Int {
         var zero = timeval(tv_sec: 0, tv_usec: 0)
         var handled = 0
         while failure == nil {
@@ -20,6 +22,7 @@ extension ConnectionLoop {
             if handled % 64 == 0, core.hasCommands { break }
         }
         amqp_maybe_release_buffers(conn)
+        return handled
     }
 
     private func handle(_ frame: amqp_frame_t) {

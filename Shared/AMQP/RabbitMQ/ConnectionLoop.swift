@@ -18,6 +18,8 @@ final class ConnectionLoop {
     private(set) var failure: AMQPError?
     private var closeRequested = false
     private var lastHeartbeatSent = ContinuousClock.now
+    private var idleTurns = 0
+    static let spinTurns = 50
 
     init(core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int) {
         self.core = core
@@ -30,13 +32,23 @@ final class ConnectionLoop {
     /// Runs until the connection ends, then fails what is left and frees the handle.
     func run() {
         while failure == nil {
-            for command in core.drain() { command(self) }
+            let commands = core.drain()
+            for command in commands { command(self) }
             if closeRequested || failure != nil { break }
-            pumpFrames()
+            let frames = pumpFrames()
             if failure != nil { break }
             sendHeartbeatIfDue()
-            if !core.hasCommands, amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0 {
+            if commands.isEmpty && frames == 0 { idleTurns += 1 } else { idleTurns = 0 }
+            // Right after work, a resumed caller usually answers within
+            // microseconds: look again a few times before paying for a
+            // wake-up through the eventfd.
+            if idleTurns > 0 && idleTurns <= Self.spinTurns {
+                sched_yield()
+                continue
+            }
+            if amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0, core.prepareToWait() {
                 waitForInput(timeoutMs: 200)
+                core.finishedWaiting()
             }
         }
         if closeRequested && failure == nil {

@@ -1,0 +1,131 @@
+import Foundation
+@testable import ServiceKit
+import Testing
+
+@Suite("JSON logs")
+struct LoggerTests {
+    @Test func oneJSONObjectALineWithFields() throws {
+        let sink = LogSink.memory()
+        var logger = Logger(service: "frontdesk-router", level: .info, sink: sink)
+        logger.metadata = [("replica", "r1")]
+        logger.debug("hidden")
+        logger.info("accepted \"quoted\"\nnext", [("id", "d-1"), ("n", 3), ("ok", true), ("ratio", 0.5)])
+        #expect(sink.lines.count == 1)
+        let line = try #require(sink.lines.first)
+        #expect(!line.contains("\n"))
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(object["level"] as? String == "info")
+        #expect(object["service"] as? String == "frontdesk-router")
+        #expect(object["msg"] as? String == "accepted \"quoted\"\nnext")
+        #expect(object["replica"] as? String == "r1")
+        #expect(object["id"] as? String == "d-1")
+        #expect(object["n"] as? Int == 3)
+        #expect(object["ok"] as? Bool == true)
+        #expect((object["ts"] as? String)?.hasSuffix("Z") == true)
+    }
+
+    @Test func passwordsInURLsAreRedacted() {
+        let sink = LogSink.memory()
+        let logger = Logger(service: "s", sink: sink)
+        logger.error("cannot reach amqp://router:hunter2@broker:5672/%2f now", [("url", "amqps://a:b%21c@h/v?x=1")])
+        let line = sink.lines.joined()
+        #expect(!line.contains("hunter2"))
+        #expect(!line.contains("b%21c"))
+        #expect(line.contains("amqp://router:***@broker:5672/%2f"))
+    }
+
+    @Test func controlCharactersAreEscaped() {
+        let line = Logger.line(level: .warning, service: "s", message: "a\u{1}b\tc", fields: [], at: Date(timeIntervalSince1970: 0))
+        #expect(line == #"{"ts":"1970-01-01T00:00:00.000Z","level":"warning","service":"s","msg":"a\u0001b\tc"}"#)
+    }
+
+    @Test func timestampsAreRFC3339WithMilliseconds() {
+        #expect(Timestamp.rfc3339(Date(timeIntervalSince1970: 1_778_665_260.123)) == "2026-05-13T09:41:00.123Z")
+    }
+}
+
+@Suite("Prometheus metrics")
+struct MetricsTests {
+    @Test func renderIsTheTextFormat() {
+        let registry = MetricsRegistry()
+        let accepted = registry.counter("frontdesk_requests_total", "requests by outcome", labels: ["outcome"])
+        let parked = registry.gauge("frontdesk_parked", "parked dispatches", labels: ["target"])
+        let latency = registry.histogram("frontdesk_latency_seconds", "latency", buckets: [0.01, 0.1])
+        accepted.increment("accepted")
+        accepted.increment(by: 2, "accepted")
+        accepted.increment("rejected \"bad\"")
+        parked.set(5, "yemaya/board-prep")
+        parked.add(-2, "yemaya/board-prep")
+        latency.observe(0.005)
+        latency.observe(0.05)
+        latency.observe(3)
+        let text = registry.render()
+        #expect(text.contains("# TYPE frontdesk_requests_total counter\n"))
+        #expect(text.contains("frontdesk_requests_total{outcome=\"accepted\"} 3\n"))
+        #expect(text.contains("frontdesk_requests_total{outcome=\"rejected \\\"bad\\\"\"} 1\n"))
+        #expect(text.contains("frontdesk_parked{target=\"yemaya/board-prep\"} 3\n"))
+        #expect(text.contains("frontdesk_latency_seconds_bucket{le=\"0.01\"} 1\n"))
+        #expect(text.contains("frontdesk_latency_seconds_bucket{le=\"0.1\"} 2\n"))
+        #expect(text.contains("frontdesk_latency_seconds_bucket{le=\"+Inf\"} 3\n"))
+        #expect(text.contains("frontdesk_latency_seconds_sum 3.055\n"))
+        #expect(text.contains("frontdesk_latency_seconds_count 3\n"))
+        #expect(accepted.value("accepted") == 3)
+    }
+
+    @Test func countersNeverGoDown() {
+        let c = MetricsRegistry().counter("c", "c")
+        c.increment(by: -5)
+        #expect(c.value() == 0)
+    }
+}
+
+@Suite("Probe listener")
+struct HTTPServerTests {
+    @Test func servesHealthReadinessAndMetricsOverRealHTTP() async throws {
+        let ready = ReadyFlag()
+        let registry = MetricsRegistry()
+        registry.counter("frontdesk_test_total", "t").increment()
+        let server = try HTTPServer(host: "127.0.0.1", port: 0, handler: ProbeRoutes.handler(isReady: { ready.value }, metrics: registry))
+        defer { server.stop() }
+        let base = "http://127.0.0.1:\(server.port)"
+        #expect(try await get("\(base)/healthz").0 == 200)
+        #expect(try await get("\(base)/readyz").0 == 503)
+        ready.set(true)
+        #expect(try await get("\(base)/readyz").0 == 200)
+        let (status, body) = try await get("\(base)/metrics")
+        #expect(status == 200)
+        #expect(body.contains("frontdesk_test_total 1"))
+        #expect(try await get("\(base)/nope").0 == 404)
+    }
+
+    @Test func parsesTheRequestLine() {
+        #expect(HTTPServer.parse(Array("GET /readyz?x=1 HTTP/1.1\r\nHost: a\r\n\r\n".utf8))?.path == "/readyz")
+        #expect(HTTPServer.parse(Array("garbage\r\n".utf8)) == nil)
+        #expect(HTTPServer.parse(Array("GET /x".utf8)) == nil)
+    }
+
+    func get(_ url: String) async throws -> (Int, String) {
+        // Blocking client calls stay off the cooperative pool.
+        try await withCheckedThrowingContinuation { c in
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+            p.arguments = ["-s", "-w", "\n%{http_code}", url]
+            let out = Pipe()
+            p.standardOutput = out
+            p.terminationHandler = { _ in
+                let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+                c.resume(returning: (Int(lines.last ?? "") ?? 0, lines.dropLast().joined(separator: "\n")))
+            }
+            do { try p.run() } catch { c.resume(throwing: error) }
+        }
+    }
+}
+
+final class ReadyFlag: Sendable {
+    private let flag = Mutex(false)
+    var value: Bool { flag.withLock { $0 } }
+    func set(_ v: Bool) { flag.withLock { $0 = v } }
+}
+
+import Synchronization

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project needs, only when one is missing.
+set -euo pipefail
+needed=(librabbitmq-dev libssl-dev rabbitmq-server openssl curl)
+missing=()
+for p in "${needed[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Debian starts the system broker after installing it; ours runs apart, so stop that one.
+  $SUDO service rabbitmq-server stop >/dev/null 2>&1 || true
+fi
+command -v swift >/dev/null || { echo "install-deps: the Swift toolchain (6.x) is not on PATH" >&2; exit 1; }

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs what is missing, starts the
+# project-local broker (or reuses a running one), builds with warnings as
+# errors, runs every test, and stops the broker it started even when tests fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+started=0
+if ! bash scripts/broker.sh status; then
+  bash scripts/broker.sh start
+  started=1
+fi
+cleanup() { if [ "$started" = 1 ]; then bash scripts/broker.sh stop; fi; }
+trap cleanup EXIT
+eval "$(bash scripts/broker.sh env)"
+swift build --build-tests -Xswiftc -warnings-as-errors
+swift test -Xswiftc -warnings-as-errors
