@@ -23,12 +23,19 @@ public struct AMQPConnectionConfiguration: Sendable, CustomStringConvertible {
     public var connectionName: String
     /// How long a synchronous AMQP method (declare, bind, consume ...) may take.
     public var rpcTimeoutMs: Int
+    /// How long a published message may wait for its confirm before the
+    /// publish fails with `.timeout`.
+    public var confirmTimeoutMs: Int
 
-    public init(url: AMQPURL, tls: TLS = TLS(), connectionName: String, rpcTimeoutMs: Int = 30_000) {
+    public init(
+        url: AMQPURL, tls: TLS = TLS(), connectionName: String, rpcTimeoutMs: Int = 30_000,
+        confirmTimeoutMs: Int = 30_000
+    ) {
         self.url = url
         self.tls = tls
         self.connectionName = connectionName
         self.rpcTimeoutMs = rpcTimeoutMs
+        self.confirmTimeoutMs = confirmTimeoutMs
     }
 
     public var description: String { "\(connectionName) → \(url)" }

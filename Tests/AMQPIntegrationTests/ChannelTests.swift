@@ -127,3 +127,70 @@ extension BrokerIntegration {
         }
     }
 }
+
+extension BrokerIntegration {
+    @Suite("Settling deliveries and broker alarms", .timeLimit(.minutes(1)))
+    struct SettlementTests {
+        @Test func rejectDeadLettersAndNackRequeues() async throws {
+            let connection = try await TestBroker.connect("settle")
+            let channel = try await connection.openChannel()
+            let dlx = TestBroker.uniqueName("dlx"), dlq = TestBroker.uniqueName("dlq"), queue = TestBroker.uniqueName("work")
+            try await channel.exchangeDeclare(dlx, type: "fanout", durable: false, autoDelete: false)
+            try await channel.queueDeclare(dlq, durable: false)
+            try await channel.queueBind(dlq, exchange: dlx, routingKey: "")
+            try await channel.queueDeclare(queue, durable: false, arguments: ["x-dead-letter-exchange": .string(dlx)])
+            try await channel.confirmSelect()
+            try await channel.publish(exchange: "", routingKey: queue, body: Data("requeue me".utf8))
+            try await channel.publish(exchange: "", routingKey: queue, body: Data("dead letter me".utf8))
+            try await channel.qos(prefetchCount: 1)
+            var iterator = try await channel.consume(queue: queue).makeAsyncIterator()
+            let first = try #require(try await iterator.next())
+            #expect(!first.redelivered)
+            try first.nack(requeue: true)
+            let again = try #require(try await iterator.next())
+            #expect(again.body == first.body)
+            #expect(again.redelivered)
+            try again.ack()
+            let second = try #require(try await iterator.next())
+            try second.reject(requeue: false)
+            try await Task.sleep(for: .milliseconds(200))
+            let dead = try await channel.queueDeclare(dlq, passive: true)
+            #expect(dead.messageCount == 1)
+            for q in [queue, dlq] { try await channel.queueDelete(q) }
+            try await channel.exchangeDelete(dlx)
+            await connection.close()
+        }
+
+        @Test func aBlockedBrokerFailsPublishesWithATypedError() async throws {
+            var configuration = TestBroker.configuration("blocked")
+            configuration.confirmTimeoutMs = 1500
+            let connection = try await AMQPConnection.connect(configuration)
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("blocked")
+            try await channel.queueDeclare(queue, durable: false, autoDelete: true)
+            try await channel.confirmSelect()
+            try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.000001"])
+            defer { _ = try? TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"]) }
+            // The first publish after the alarm is held by the broker: it must
+            // fail by itself (blocked, or no confirm in time), never hang.
+            var failure: AMQPError?
+            for _ in 0..<3 where failure == nil {
+                do {
+                    try await channel.publish(exchange: "", routingKey: queue, body: Data("x".utf8))
+                    try await Task.sleep(for: .milliseconds(300))
+                } catch let error as AMQPError {
+                    failure = error
+                }
+            }
+            let error = try #require(failure)
+            #expect(error.code == .connectionBlocked || error.code == .timeout)
+            #expect(error.isRetryable)
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(connection.blockedReason != nil)
+            _ = try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"])
+            try await Task.sleep(for: .milliseconds(500))
+            #expect(connection.blockedReason == nil)
+            await connection.close()
+        }
+    }
+}

@@ -36,6 +36,7 @@ struct PendingPublish {
     let routingKey: String?
     let body: Data?
     var returned: ReturnedMessage?
+    let publishedAt: ContinuousClock.Instant
 }
 
 /// One open channel, seen from the owner thread.
@@ -86,6 +87,22 @@ final class ChannelState {
             }
         }
         while lowestPending < nextPublishSeq, pending[lowestPending] == nil { lowestPending += 1 }
+    }
+
+    /// Fails publishes whose confirm has not come within `timeout` (a
+    /// blocked or overloaded broker); a late confirm then changes nothing.
+    func expireConfirms(olderThan timeout: Duration, now: ContinuousClock.Instant) {
+        while lowestPending < nextPublishSeq {
+            guard let p = pending[lowestPending] else {
+                lowestPending += 1
+                continue
+            }
+            guard now - p.publishedAt >= timeout else { return }
+            pending[lowestPending] = nil
+            p.batch.resolve(p.index, .failure(AMQPError(
+                .timeout, "no publisher confirm within \(timeout); the broker may be blocked or overloaded")))
+            lowestPending += 1
+        }
     }
 
     /// Marks the earliest waiting mandatory publish that matches a basic.return.

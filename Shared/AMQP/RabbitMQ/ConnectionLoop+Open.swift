@@ -36,7 +36,9 @@ extension ConnectionLoop {
                 if error.code == .connectionClosed { error.code = .authenticationFailed }
                 throw error
             }
-            return ConnectionLoop(core: core, conn: conn, heartbeatSeconds: Int(amqp_get_heartbeat(conn)))
+            return ConnectionLoop(
+                core: core, conn: conn, heartbeatSeconds: Int(amqp_get_heartbeat(conn)),
+                confirmTimeout: .milliseconds(configuration.confirmTimeoutMs))
         } catch {
             amqp_destroy_connection(conn)
             throw error

@@ -110,7 +110,7 @@ extension ConnectionLoop {
                     batch: batch, index: i,
                     exchange: message.mandatory ? message.exchange : nil,
                     routingKey: message.mandatory ? message.routingKey : nil,
-                    body: message.mandatory ? message.body : nil)
+                    body: message.mandatory ? message.body : nil, publishedAt: .now)
             } else {
                 batch.resolve(i, .success(()))
             }

@@ -21,8 +21,12 @@ final class ConnectionLoop {
     private var idleTurns = 0
     static let spinTurns = 50
 
-    init(core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int) {
+    let confirmTimeout: Duration
+    private var lastConfirmSweep = ContinuousClock.now
+
+    init(core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int, confirmTimeout: Duration) {
         self.core = core
+        self.confirmTimeout = confirmTimeout
         self.conn = conn
         self.heartbeatSeconds = heartbeatSeconds
         let max = Int(amqp_get_channel_max(conn))
@@ -38,6 +42,7 @@ final class ConnectionLoop {
             let frames = pumpFrames()
             if failure != nil { break }
             sendHeartbeatIfDue()
+            expireConfirmsIfDue()
             if commands.isEmpty && frames == 0 { idleTurns += 1 } else { idleTurns = 0 }
             // Right after work, a resumed caller usually answers within
             // microseconds: look again a few times before paying for a
@@ -79,6 +84,15 @@ final class ConnectionLoop {
         ]
         _ = poll(&fds, 2, timeoutMs)
         if fds[1].revents != 0 { core.clearWake() }
+    }
+
+    private func expireConfirmsIfDue() {
+        let now = ContinuousClock.now
+        guard now - lastConfirmSweep >= .milliseconds(100) else { return }
+        lastConfirmSweep = now
+        for ch in channels.values where !ch.pending.isEmpty {
+            ch.expireConfirms(olderThan: confirmTimeout, now: now)
+        }
     }
 
     private func sendHeartbeatIfDue() {
