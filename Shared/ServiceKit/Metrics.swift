@@ -50,6 +50,15 @@ private func escapeLabel(_ v: String) -> String {
         .replacingOccurrences(of: "\n", with: "\\n")
 }
 
+/// One line a label set, in a stable order.
+func renderSamples(name: String, help: String, type: String, labelNames: [String], samples: [[String]: Double]) -> String {
+    var out = "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+    for (labels, v) in samples.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+        out += "\(name)\(formatLabels(labelNames, labels)) \(formatNumber(v))\n"
+    }
+    return out
+}
+
 func formatNumber(_ v: Double) -> String {
     if v.isInfinite { return v > 0 ? "+Inf" : "-Inf" }
     if v == v.rounded(), abs(v) < 1e15 { return String(Int64(v)) }
@@ -75,11 +84,7 @@ public final class Counter: RenderableMetric {
     public func value(_ labelValues: String...) -> Double { samples.withLock { $0[labelValues] ?? 0 } }
 
     func render() -> String {
-        var out = "# HELP \(name) \(help)\n# TYPE \(name) counter\n"
-        for (labels, v) in samples.withLock({ $0 }).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
-            out += "\(name)\(formatLabels(labelNames, labels)) \(formatNumber(v))\n"
-        }
-        return out
+        renderSamples(name: name, help: help, type: "counter", labelNames: labelNames, samples: samples.withLock { $0 })
     }
 }
 
@@ -107,11 +112,7 @@ public final class Gauge: RenderableMetric {
     public func value(_ labelValues: String...) -> Double { samples.withLock { $0[labelValues] ?? 0 } }
 
     func render() -> String {
-        var out = "# HELP \(name) \(help)\n# TYPE \(name) gauge\n"
-        for (labels, v) in samples.withLock({ $0 }).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
-            out += "\(name)\(formatLabels(labelNames, labels)) \(formatNumber(v))\n"
-        }
-        return out
+        renderSamples(name: name, help: help, type: "gauge", labelNames: labelNames, samples: samples.withLock { $0 })
     }
 }
 
