@@ -18,12 +18,18 @@ let package = Package(
         ),
         // AMQP 0-9-1 client on rabbitmq-c: knows nothing of dispatches.
         .target(name: "AMQP", dependencies: ["CRabbitMQ"], path: "Shared/AMQP"),
+        // The pure model: messages, routing table, resolver, state machine. No I/O.
+        .target(
+            name: "FrontDeskModel",
+            path: "Shared/FrontDeskModel",
+            resources: [.copy("Resources/routes.example.json")]
+        ),
         // Configuration, logs, HTTP probes, metrics, lifecycle.
         .target(name: "ServiceKit", dependencies: ["AMQP"], path: "Shared/ServiceKit"),
 
         .executableTarget(
             name: "frontdesk-router",
-            dependencies: ["AMQP", "ServiceKit"],
+            dependencies: ["AMQP", "ServiceKit", "FrontDeskModel"],
             path: "Services/Router"
         ),
         .executableTarget(
@@ -42,6 +48,7 @@ let package = Package(
 
         .testTarget(name: "AMQPTests", dependencies: ["AMQP"], path: "Tests/AMQPTests"),
         .testTarget(name: "ServiceKitTests", dependencies: ["ServiceKit"], path: "Tests/ServiceKitTests"),
+        .testTarget(name: "FrontDeskModelTests", dependencies: ["FrontDeskModel"], path: "Tests/FrontDeskModelTests"),
         .testTarget(
             name: "AMQPIntegrationTests",
             dependencies: ["AMQP"],

@@ -1,0 +1,247 @@
+import Foundation
+
+/// A resolved route: the best guess, how sure, why, and the runners-up.
+public struct RouteResolution: Sendable, Equatable {
+    public struct Alternative: Sendable, Equatable {
+        public var route: RoutingTable.Route
+        public var confidence: Double
+    }
+
+    public enum Source: String, Sendable {
+        case hint, mention, score, `default`
+    }
+
+    public var route: RoutingTable.Route
+    public var confidence: Double
+    public var reason: String
+    public var alternatives: [Alternative]
+    public var source: Source
+}
+
+/// Why no route was resolved.
+public enum RouteFailure: Error, Sendable, Equatable {
+    /// The request's hints name no target of the table.
+    case unknownTarget(String)
+    /// Nothing matched and the table has no default route.
+    case noRoute
+
+    public var code: String {
+        switch self {
+        case .unknownTarget: "unknown_target"
+        case .noRoute: "no_route"
+        }
+    }
+
+    public var message: String {
+        switch self {
+        case .unknownTarget(let what): "the hint \(what) names no target of the routing table"
+        case .noRoute: "nothing in the input matched a target and the routing table has no default route"
+        }
+    }
+}
+
+/// Resolves project and target as CONTRACT.md orders: hints, then a
+/// mention, then keyword scores, then the default route. Pure: knows
+/// nothing of messages or sockets. Build it once per table; it is immutable.
+public struct RouteResolver: Sendable {
+    public let table: RoutingTable
+
+    /// One scorable entry of a target: its words, and how the reason names it.
+    struct Entry: Sendable {
+        let words: [String]
+        let label: String
+        let kind: Kind
+        enum Kind: Int, Sendable { case keyword, contact, targetName, projectName, alias }
+    }
+
+    struct IndexedTarget: Sendable {
+        let route: RoutingTable.Route
+        let entries: [Entry]
+        let nameWords: [String]
+    }
+
+    let targets: [IndexedTarget]
+    /// For each first word, the targets with an entry starting with it: scoring
+    /// looks only at targets that share a word with the input.
+    let byFirstWord: [String: [Int]]
+
+    public init(table: RoutingTable) {
+        self.table = table
+        var targets: [IndexedTarget] = []
+        var byFirstWord: [String: [Int]] = [:]
+        for p in table.projects {
+            let projectEntries = [Entry(words: NormalizedText.words(of: p.name), label: p.name, kind: .projectName)]
+                + p.aliases.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .alias) }
+            for t in p.targets {
+                let entries = t.keywords.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .keyword) }
+                    + t.contacts.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .contact) }
+                    + [Entry(words: NormalizedText.words(of: t.name), label: t.name, kind: .targetName)]
+                    + projectEntries
+                let index = targets.count
+                for first in Set(entries.compactMap(\.words.first)) { byFirstWord[first, default: []].append(index) }
+                targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: entries.filter { !$0.words.isEmpty }, nameWords: NormalizedText.words(of: t.name)))
+            }
+        }
+        self.targets = targets
+        self.byFirstWord = byFirstWord
+    }
+
+    public func resolve(input: String, projectHint: String? = nil, targetHint: String? = nil) -> Result<RouteResolution, RouteFailure> {
+        if projectHint != nil || targetHint != nil {
+            return resolveHints(project: projectHint, target: targetHint, input: input)
+        }
+        if let mention = resolveMention(input) { return .success(mention) }
+        let text = NormalizedText(input)
+        if let scored = resolveScores(text) { return .success(scored) }
+        guard let d = table.defaultRoute else { return .failure(.noRoute) }
+        return .success(RouteResolution(
+            route: d, confidence: 0.1, reason: "default route: nothing in the input matched a target",
+            alternatives: [], source: .default))
+    }
+
+    // MARK: Hints
+
+    private func resolveHints(project: String?, target: String?, input: String) -> Result<RouteResolution, RouteFailure> {
+        let shown = [project, target].compactMap { $0 }.joined(separator: "/")
+        if let project {
+            guard let p = findProject(project) else { return .failure(.unknownTarget("'\(shown)'")) }
+            if let target {
+                guard let t = findTarget(target, in: p) else { return .failure(.unknownTarget("'\(shown)'")) }
+                return .success(exact(.init(project: p.id, target: t.id), reason: "hint: \(p.id)/\(t.id)", .hint))
+            }
+            let route = bestTarget(of: p, input: input)
+            return .success(exact(route, reason: "hint: project \(p.id)", .hint))
+        }
+        guard let target else { return .failure(.unknownTarget("''")) }
+        for p in table.projects {
+            if let t = findTarget(target, in: p) {
+                return .success(exact(.init(project: p.id, target: t.id), reason: "hint: target \(t.id)", .hint))
+            }
+        }
+        return .failure(.unknownTarget("'\(shown)'"))
+    }
+
+    private func findProject(_ key: String) -> RoutingTable.Project? {
+        let words = NormalizedText.words(of: key)
+        return table.projects.first { $0.id == key }
+            ?? table.projects.first { NormalizedText.words(of: $0.name) == words || $0.aliases.contains { NormalizedText.words(of: $0) == words } }
+    }
+
+    private func findTarget(_ key: String, in p: RoutingTable.Project) -> RoutingTable.Target? {
+        let words = NormalizedText.words(of: key)
+        return p.targets.first { $0.id == key } ?? p.targets.first { NormalizedText.words(of: $0.name) == words }
+    }
+
+    private func exact(_ route: RoutingTable.Route, reason: String, _ source: RouteResolution.Source) -> RouteResolution {
+        RouteResolution(route: route, confidence: 1.0, reason: reason, alternatives: [], source: source)
+    }
+
+    /// A project's best-scoring target for the input, else its first.
+    private func bestTarget(of p: RoutingTable.Project, input: String) -> RoutingTable.Route {
+        let text = NormalizedText(input)
+        var best: (RoutingTable.Route, Int)? = nil
+        for t in targets where t.route.project == p.id {
+            let s = score(t, text).score
+            if s > (best?.1 ?? 0) { best = (t.route, s) }
+        }
+        return best?.0 ?? .init(project: p.id, target: p.targets[0].id)
+    }
+
+    // MARK: Mentions
+
+    /// The first `@…` in the input that names a route: `@project/target`,
+    /// `@target` (id or name) or `@project` (id, name or alias).
+    private func resolveMention(_ input: String) -> RouteResolution? {
+        var searchStart = input.startIndex
+        while let at = input[searchStart...].firstIndex(of: "@") {
+            let after = input[input.index(after: at)...]
+            searchStart = input.index(after: at)
+            // "lisa@example.com" is an address, not a mention.
+            if at > input.startIndex, input[input.index(before: at)].isLetter || input[input.index(before: at)].isNumber { continue }
+            if let r = mention(in: after) { return r }
+        }
+        return nil
+    }
+
+    private func mention(in text: Substring) -> RouteResolution? {
+        let token = text.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "/" || $0 == "_" }
+        let words = NormalizedText.words(of: String(text))
+        if let slash = token.firstIndex(of: "/") {
+            let pKey = String(token[..<slash]).lowercased(), tKey = String(token[token.index(after: slash)...]).lowercased()
+            if let p = findProject(pKey), let t = findTarget(tKey, in: p) {
+                return exact(.init(project: p.id, target: t.id), reason: "mention: @\(p.id)/\(t.id)", .mention)
+            }
+        }
+        let id = String(token).lowercased()
+        // Targets: by id, then by name as a phrase at the start of the text after "@".
+        for t in targets where t.route.target == id {
+            return exact(t.route, reason: "mention: @\(t.route.target)", .mention)
+        }
+        for t in targets where !t.nameWords.isEmpty && words.starts(with: t.nameWords) {
+            return exact(t.route, reason: "mention: @\(t.route.target)", .mention)
+        }
+        for p in table.projects {
+            let names = [p.name] + p.aliases
+            if p.id == id || names.contains(where: { let w = NormalizedText.words(of: $0); return !w.isEmpty && words.starts(with: w) }) {
+                let route = bestTarget(of: p, input: String(text))
+                return exact(route, reason: "mention: @\(p.id)", .mention)
+            }
+        }
+        return nil
+    }
+
+    // MARK: Scores
+
+    struct Score {
+        var score = 0
+        var matched: [Entry] = []
+    }
+
+    func score(_ t: IndexedTarget, _ text: NormalizedText) -> Score {
+        var s = Score()
+        for e in t.entries where text.contains(e.words) {
+            s.score += 1
+            s.matched.append(e)
+        }
+        return s
+    }
+
+    private func resolveScores(_ text: NormalizedText) -> RouteResolution? {
+        var candidates = Set<Int>()
+        for w in text.words { if let c = byFirstWord[w] { candidates.formUnion(c) } }
+        guard !candidates.isEmpty else { return nil }
+        var scored: [(index: Int, score: Score)] = []
+        for i in candidates {
+            let s = score(targets[i], text)
+            if s.score > 0 { scored.append((i, s)) }
+        }
+        guard !scored.isEmpty else { return nil }
+        // Highest score first; ties go to the earlier target in the table.
+        scored.sort { $0.score.score != $1.score.score ? $0.score.score > $1.score.score : $0.index < $1.index }
+        let best = scored[0]
+        let s1 = Double(best.score.score)
+        let s2 = Double(scored.count > 1 ? scored[1].score.score : 0)
+        let confidence = min(0.99, max(0.01, (s1 - s2 + 1) / (s1 + 2)))
+        let alternatives = scored.dropFirst().prefix(3).map { alt in
+            RouteResolution.Alternative(
+                route: targets[alt.index].route,
+                confidence: (Double(alt.score.score) / (s1 + Double(alt.score.score) + 2) * 100).rounded() / 100)
+        }
+        return RouteResolution(
+            route: targets[best.index].route, confidence: (confidence * 100).rounded() / 100,
+            reason: Self.reason(best.score.matched), alternatives: alternatives, source: .score)
+    }
+
+    /// "keywords: agm, agenda; contact: Lisa".
+    static func reason(_ matched: [Entry]) -> String {
+        let groups: [(Entry.Kind, String, String)] = [
+            (.keyword, "keyword", "keywords"), (.contact, "contact", "contacts"), (.targetName, "name", "names"),
+            (.projectName, "project", "projects"), (.alias, "alias", "aliases"),
+        ]
+        return groups.compactMap { kind, one, many in
+            let labels = matched.filter { $0.kind == kind }.map(\.label)
+            guard !labels.isEmpty else { return nil }
+            return "\(labels.count == 1 ? one : many): \(labels.joined(separator: ", "))"
+        }.joined(separator: "; ")
+    }
+}

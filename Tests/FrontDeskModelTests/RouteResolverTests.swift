@@ -1,0 +1,132 @@
+import Foundation
+@testable import FrontDeskModel
+import Testing
+
+let testTableJSON = """
+{
+  "projects": [
+    {"id": "yemaya", "name": "Yemaya", "accent": "#6E56CF", "aliases": ["yem"],
+     "targets": [
+       {"id": "board-prep", "name": "Board Prep", "keywords": ["agm", "agenda", "board", "minutes"], "contacts": ["Lisa"]},
+       {"id": "fundraising", "name": "Fundraising", "keywords": ["donor", "grant", "gala"], "contacts": ["Marcus"]}
+     ]},
+    {"id": "acme", "name": "Acme Corp", "aliases": ["acme co"],
+     "targets": [
+       {"id": "ops", "name": "Ops", "keywords": ["invoice", "on call", "agenda"], "contacts": ["Priya"]},
+       {"id": "legal", "name": "Legal", "keywords": ["contract", "nda", "due diligence"], "contacts": ["Zoë", "José"]}
+     ]},
+    {"id": "home", "name": "Home", "glyph": "HM",
+     "targets": [{"id": "family", "name": "Family", "keywords": ["dinner", "agm"], "contacts": ["Mum"]}]}
+  ],
+  "default": {"project": "yemaya", "target": "board-prep"}
+}
+"""
+
+let resolver = RouteResolver(table: try! RoutingTable(json: Data(testTableJSON.utf8)))
+
+struct ResolveCase: Sendable, CustomTestStringConvertible {
+    var input: String
+    var project: String? = nil
+    var target: String? = nil
+    /// "project/target", or "!code" for a failure.
+    var expected: String
+    var source: RouteResolution.Source? = nil
+    var testDescription: String { "\(input) [\(project ?? "-")/\(target ?? "-")] → \(expected)" }
+}
+
+@Suite("Route resolution")
+struct RouteResolverTests {
+    static let cases: [ResolveCase] = [
+        // 1. Hints: confidence 1.0, no guessing.
+        .init(input: "anything", project: "acme", target: "legal", expected: "acme/legal", source: .hint),
+        .init(input: "anything", project: "Acme Corp", target: "Legal", expected: "acme/legal", source: .hint),
+        .init(input: "anything", target: "legal", expected: "acme/legal", source: .hint),
+        .init(input: "sign the nda", project: "acme", expected: "acme/legal", source: .hint),
+        .init(input: "nothing that scores", project: "acme", expected: "acme/ops", source: .hint),
+        .init(input: "agm agenda", project: "nope", target: "legal", expected: "!unknown_target"),
+        .init(input: "agm agenda", project: "acme", target: "board-prep", expected: "!unknown_target"),
+        .init(input: "agm agenda", target: "nope", expected: "!unknown_target"),
+        .init(input: "x", project: "acme#", target: "legal", expected: "!unknown_target"),
+        .init(input: "x", project: "acme.*", expected: "!unknown_target"),
+        .init(input: "x", project: "ac me", target: "legal", expected: "!unknown_target"),
+        .init(input: "x", target: "le*gal", expected: "!unknown_target"),
+        // 2. Mentions.
+        .init(input: "please @acme/legal look at this agm agenda", expected: "acme/legal", source: .mention),
+        .init(input: "@legal: the agm", expected: "acme/legal", source: .mention),
+        .init(input: "ask @Legal about it", expected: "acme/legal", source: .mention),
+        .init(input: "for @board prep: sort the minutes", expected: "yemaya/board-prep", source: .mention),
+        .init(input: "@acme please, about the contract", expected: "acme/legal", source: .mention),
+        .init(input: "@acme hello", expected: "acme/ops", source: .mention),
+        .init(input: "@yem the donor list", expected: "yemaya/fundraising", source: .mention),
+        .init(input: "write to x@legal about the gala", expected: "yemaya/fundraising", source: .score),
+        .init(input: "@nobody here, the gala", expected: "yemaya/fundraising", source: .score),
+        // 3. Scores: whole words, case and diacritics, phrases, ties.
+        .init(input: "Reply to Lisa about the AGM agenda — short, confirm 14:00", expected: "yemaya/board-prep", source: .score),
+        .init(input: "ask zoe about the clause", expected: "acme/legal", source: .score),
+        .init(input: "ask ZOË about it", expected: "acme/legal", source: .score),
+        .init(input: "call Jose", expected: "acme/legal", source: .score),
+        .init(input: "who is on call tonight", expected: "acme/ops", source: .score),
+        .init(input: "who is on the call", expected: "yemaya/board-prep", source: .default),
+        .init(input: "the agendas", expected: "yemaya/board-prep", source: .default),
+        .init(input: "start due diligence", expected: "acme/legal", source: .score),
+        .init(input: "agenda", expected: "yemaya/board-prep", source: .score),
+        .init(input: "agm dinner with mum", expected: "home/family", source: .score),
+        .init(input: "the acme co invoice", expected: "acme/ops", source: .score),
+        .init(input: "yemaya gala", expected: "yemaya/fundraising", source: .score),
+        // 4. Nothing scores: the default route.
+        .init(input: "hello there", expected: "yemaya/board-prep", source: .default),
+        .init(input: "😀 ✓ —", expected: "yemaya/board-prep", source: .default),
+    ]
+
+    @Test(arguments: cases)
+    func resolves(_ c: ResolveCase) {
+        switch resolver.resolve(input: c.input, projectHint: c.project, targetHint: c.target) {
+        case .success(let r):
+            #expect(r.route.description == c.expected)
+            if let source = c.source { #expect(r.source == source) }
+            #expect(r.confidence > 0 && r.confidence <= 1)
+            #expect(!r.reason.isEmpty)
+            #expect(r.alternatives.count <= 3)
+            if r.source == .hint || r.source == .mention { #expect(r.confidence == 1.0) }
+            if r.source == .score { #expect(r.confidence < 1.0) }
+            if r.source == .default { #expect(r.confidence <= 0.2) }
+        case .failure(let f):
+            #expect("!\(f.code)" == c.expected)
+        }
+    }
+
+    @Test func confidenceGrowsWithTheMarginAndAlternativesAreListed() throws {
+        let weak = try resolver.resolve(input: "the agenda").get()  // board-prep and ops tie at 1
+        let strong = try resolver.resolve(input: "Lisa: agm agenda and minutes").get()
+        #expect(strong.confidence > weak.confidence)
+        #expect(weak.route.description == "yemaya/board-prep")  // tie → earlier in the table
+        #expect(weak.alternatives.map(\.route.description) == ["acme/ops"])
+        #expect(strong.reason == "keywords: agm, agenda, minutes; contact: Lisa")
+        #expect(strong.alternatives.map(\.route.description) == ["acme/ops", "home/family"])
+        #expect(strong.alternatives.allSatisfy { $0.confidence < strong.confidence && $0.confidence > 0 })
+    }
+
+    @Test func seedRequestReadsLikeTheScreen() throws {
+        let r = try resolver.resolve(input: "Reply to Lisa about the AGM agenda — short, confirm 14:00").get()
+        #expect(r.reason == "keywords: agm, agenda; contact: Lisa")
+        #expect(r.confidence > 0.5)
+    }
+
+    @Test func noDefaultMeansNoRoute() throws {
+        let table = try RoutingTable(json: Data(#"{"projects":[{"id":"a","targets":[{"id":"b","keywords":["x"]}]}]}"#.utf8))
+        #expect(RouteResolver(table: table).resolve(input: "nothing") == .failure(.noRoute))
+        #expect((try? RouteResolver(table: table).resolve(input: "x").get())?.route.description == "a/b")
+    }
+
+    @Test func hugeTableResolvesByWord() throws {
+        var projects: [String] = []
+        for p in 0..<300 {
+            let targets = (0..<10).map { #"{"id":"t\#($0)","keywords":["kw\#(p)x\#($0)"]}"# }.joined(separator: ",")
+            projects.append(#"{"id":"p\#(p)","targets":[\#(targets)]}"#)
+        }
+        let table = try RoutingTable(json: Data(#"{"projects":[\#(projects.joined(separator: ","))]}"#.utf8))
+        let r = RouteResolver(table: table)
+        #expect((try? r.resolve(input: "about kw299x9 please").get())?.route.description == "p299/t9")
+        #expect(r.resolve(input: "none") == .failure(.noRoute))
+    }
+}
