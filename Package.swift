@@ -48,6 +48,7 @@ let package = Package(
 
         .testTarget(name: "AMQPTests", dependencies: ["AMQP"], path: "Tests/AMQPTests"),
         .testTarget(name: "ServiceKitTests", dependencies: ["ServiceKit"], path: "Tests/ServiceKitTests"),
+        .testTarget(name: "RouterIntegrationTests", dependencies: ["AMQP"], path: "Tests/RouterIntegrationTests"),
         .testTarget(name: "FrontDeskModelTests", dependencies: ["FrontDeskModel"], path: "Tests/FrontDeskModelTests"),
         .testTarget(
             name: "AMQPIntegrationTests",

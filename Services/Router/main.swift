@@ -1,21 +1,40 @@
 import AMQP
 import Foundation
+import FrontDeskModel
 import ServiceKit
 
 // frontdesk-router: consumes dispatch requests, validates, de-duplicates,
 // resolves the route and hands the dispatch to the sender (CONTRACT.md).
-// This shell wires the service kit; intake and routing come with their own change.
 
 let configuration = ServiceBootstrap.configurationOrExit(
     service: "frontdesk-router",
     summary: "validates and routes Front Desk dispatch requests",
     defaultHTTPPort: 9101)
-let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
-    try await SharedTopology.declare(on: channel)
+let table: RoutingTable
+do {
+    table = try RoutingTable.load(path: configuration.routesPath)
+} catch {
+    FileHandle.standardError.write(Data("frontdesk-router: \(error.message)\n".utf8))
+    exit(2)
 }
+let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
+    try await RouterTopology.declare(on: channel)
+}
+let service = RouterService(
+    client: bootstrap.client,
+    log: DecisionLog(client: bootstrap.client, windowSeconds: configuration.lifetimeSeconds),
+    resolver: RouteResolver(table: table),
+    configuration: configuration,
+    logger: bootstrap.logger,
+    metrics: RouterMetrics(bootstrap.metrics),
+    intake: RouterService.IntakeHandle())
 let probes = bootstrap.startProbes()
-bootstrap.logger.info("starting", [("broker", .string("\(configuration.amqp.url)"))])
-let status = await ServiceLifecycle.run([AMQPClientService(client: bootstrap.client)], logger: bootstrap.logger)
+bootstrap.logger.info("starting", [
+    ("broker", .string("\(configuration.amqp.url)")),
+    ("routes", .string(configuration.routesPath ?? "example")),
+    ("targets", .int(table.routes.count)),
+])
+let status = await ServiceLifecycle.run([AMQPClientService(client: bootstrap.client), service], logger: bootstrap.logger)
 probes?.stop()
 bootstrap.logger.info("stopped", [("status", .int(Int(status)))])
 exit(status)

@@ -60,14 +60,28 @@ final class ConsumerRegistration: Sendable {
     func finish() { continuation.finish() }
 }
 
+/// The deliveries of one `AMQPClient` consumer, across reconnects.
+public struct ClientConsumer: AsyncSequence, Sendable {
+    public typealias Element = AMQPDelivery
+    let stream: AsyncStream<AMQPDelivery>
+    let stopAction: @Sendable () async -> Void
+
+    public func makeAsyncIterator() -> AsyncStream<AMQPDelivery>.AsyncIterator { stream.makeAsyncIterator() }
+
+    /// Stops this consumer alone (basic.cancel); the sequence yields what it
+    /// already received, then ends.
+    public func stop() async { await stopAction() }
+}
+
 extension AMQPClient {
     /// Consumes `queue` now and on every later connection. The sequence ends
-    /// after `stopConsuming()` or `shutdown()`.
-    public func consume(_ specification: ConsumerSpecification) async -> AsyncStream<AMQPDelivery> {
+    /// after `stop()`, `stopConsuming()` or `shutdown()`.
+    public func consume(_ specification: ConsumerSpecification) async -> ClientConsumer {
         let (stream, continuation) = AsyncStream<AMQPDelivery>.makeStream()
         let registration = ConsumerRegistration(specification: specification, continuation: continuation)
+        let key = UUID()
         let connection = state.withLock { s -> AMQPConnection? in
-            s.consumers[UUID()] = registration
+            s.consumers[key] = registration
             return s.live?.connection
         }
         if let connection {
@@ -78,7 +92,10 @@ extension AMQPClient {
                 onEvent(.consumerRestartFailed(queue: specification.queue, error as? AMQPError ?? AMQPError(.library, "\(error)")))
             }
         }
-        return stream
+        return ClientConsumer(stream: stream) { [weak self] in
+            _ = self?.state.withLock { $0.consumers.removeValue(forKey: key) }
+            await registration.stop()
+        }
     }
 
     func startAllConsumers(on connection: AMQPConnection) async throws {

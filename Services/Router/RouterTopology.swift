@@ -1,0 +1,26 @@
+import AMQP
+import ServiceKit
+
+/// The router's broker objects, besides the shared ones.
+enum RouterTopology {
+    /// Every message on `frontdesk.commands` (bound with `#`, so an unknown
+    /// routing key is dead-lettered, not dropped). Quorum.
+    static let intakeQueue = "frontdesk.router.intake"
+    /// The decision log: one record per request id, in one total order. The
+    /// first record of an id wins on every replica. A stream, replayed on start.
+    static let decisionLog = "frontdesk.router.decisions"
+    /// The hand-off to the sender: routed dispatches, cancels and reroutes. Quorum.
+    static let senderInbox = "frontdesk.sender.inbox"
+
+    static func declare(on channel: AMQPChannel) async throws {
+        try await SharedTopology.declare(on: channel)
+        try await channel.queueDeclare(intakeQueue, arguments: ["x-queue-type": "quorum"])
+        try await channel.queueBind(intakeQueue, exchange: SharedTopology.commandsExchange, routingKey: "#")
+        // A day of decisions: longer than the default 4-hour lifetime; older
+        // records are skipped on replay by their time.
+        try await channel.queueDeclare(decisionLog, arguments: [
+            "x-queue-type": "stream", "x-max-age": "1D", "x-stream-max-segment-size-bytes": .int64(16_000_000),
+        ])
+        try await channel.queueDeclare(senderInbox, arguments: ["x-queue-type": "quorum"])
+    }
+}
