@@ -40,6 +40,7 @@ let package = Package(
 
         // Benchmarks: print figures, assert nothing about speed.
         .executableTarget(name: "amqp-bench", dependencies: ["AMQP"], path: "Benchmarks/AMQPBench"),
+        .executableTarget(name: "resolver-bench", dependencies: ["FrontDeskModel"], path: "Benchmarks/ResolverBench"),
         .executableTarget(
             name: "amqp-c-baseline",
             path: "Benchmarks/AMQPCBaseline",
@@ -48,12 +49,8 @@ let package = Package(
 
         .testTarget(name: "AMQPTests", dependencies: ["AMQP"], path: "Tests/AMQPTests"),
         .testTarget(name: "ServiceKitTests", dependencies: ["ServiceKit"], path: "Tests/ServiceKitTests"),
-        .testTarget(name: "RouterIntegrationTests", dependencies: ["AMQP"], path: "Tests/RouterIntegrationTests"),
         .testTarget(name: "FrontDeskModelTests", dependencies: ["FrontDeskModel"], path: "Tests/FrontDeskModelTests"),
-        .testTarget(
-            name: "AMQPIntegrationTests",
-            dependencies: ["AMQP"],
-            path: "Tests/AMQPIntegrationTests"
-        ),
+        // Against the local broker: the AMQP layer, and the services run as processes.
+        .testTarget(name: "IntegrationTests", dependencies: ["AMQP"], path: "Tests/IntegrationTests"),
     ]
 )

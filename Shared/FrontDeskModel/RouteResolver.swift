@@ -51,6 +51,8 @@ public struct RouteResolver: Sendable {
         let words: [String]
         let label: String
         let kind: Kind
+        /// Position among its target's entries, so reasons list entries in table order.
+        var order = 0
         enum Kind: Int, Sendable { case keyword, contact, targetName, projectName, alias }
     }
 
@@ -61,14 +63,21 @@ public struct RouteResolver: Sendable {
     }
 
     let targets: [IndexedTarget]
-    /// For each first word, the targets with an entry starting with it: scoring
-    /// looks only at targets that share a word with the input.
+    /// Normalised project names and aliases, per project in table order.
+    let projectNames: [(id: String, names: [[String]])]
+    /// Target indices by target id, in table order.
+    let targetsByID: [String: [Int]]
+    /// For each first word, the targets with an entry starting with it.
     let byFirstWord: [String: [Int]]
+    /// For each first word, the (target, entry) pairs starting with it:
+    /// scoring checks only entries whose first word is in the input.
+    let entriesByFirstWord: [String: [(target: Int, entry: Int)]]
 
     public init(table: RoutingTable) {
         self.table = table
         var targets: [IndexedTarget] = []
         var byFirstWord: [String: [Int]] = [:]
+        var entriesByFirstWord: [String: [(target: Int, entry: Int)]] = [:]
         for p in table.projects {
             let projectEntries = [Entry(words: NormalizedText.words(of: p.name), label: p.name, kind: .projectName)]
                 + p.aliases.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .alias) }
@@ -79,11 +88,21 @@ public struct RouteResolver: Sendable {
                     + projectEntries
                 let index = targets.count
                 for first in Set(entries.compactMap(\.words.first)) { byFirstWord[first, default: []].append(index) }
-                targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: entries.filter { !$0.words.isEmpty }, nameWords: NormalizedText.words(of: t.name)))
+                var kept = entries.filter { !$0.words.isEmpty }
+                for i in kept.indices { kept[i].order = i }
+                for (e, entry) in kept.enumerated() { entriesByFirstWord[entry.words[0], default: []].append((index, e)) }
+                targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: kept, nameWords: NormalizedText.words(of: t.name)))
             }
         }
         self.targets = targets
         self.byFirstWord = byFirstWord
+        self.entriesByFirstWord = entriesByFirstWord
+        projectNames = table.projects.map { p in
+            (p.id, ([p.name] + p.aliases).map { NormalizedText.words(of: $0) }.filter { !$0.isEmpty })
+        }
+        var byID: [String: [Int]] = [:]
+        for (i, t) in targets.enumerated() { byID[t.route.target, default: []].append(i) }
+        targetsByID = byID
     }
 
     public func resolve(input: String, projectHint: String? = nil, targetHint: String? = nil) -> Result<RouteResolution, RouteFailure> {
@@ -122,9 +141,10 @@ public struct RouteResolver: Sendable {
     }
 
     private func findProject(_ key: String) -> RoutingTable.Project? {
+        if let p = table.project(key) { return p }
         let words = NormalizedText.words(of: key)
-        return table.projects.first { $0.id == key }
-            ?? table.projects.first { NormalizedText.words(of: $0.name) == words || $0.aliases.contains { NormalizedText.words(of: $0) == words } }
+        guard let index = projectNames.firstIndex(where: { $0.names.contains(words) }) else { return nil }
+        return table.projects[index]
     }
 
     private func findTarget(_ key: String, in p: RoutingTable.Project) -> RoutingTable.Target? {
@@ -174,18 +194,17 @@ public struct RouteResolver: Sendable {
         }
         let id = String(token).lowercased()
         // Targets: by id, then by name as a phrase at the start of the text after "@".
-        for t in targets where t.route.target == id {
-            return exact(t.route, reason: "mention: @\(t.route.target)", .mention)
+        if let first = targetsByID[id]?.first {
+            return exact(targets[first].route, reason: "mention: @\(id)", .mention)
         }
-        for t in targets where !t.nameWords.isEmpty && words.starts(with: t.nameWords) {
-            return exact(t.route, reason: "mention: @\(t.route.target)", .mention)
-        }
-        for p in table.projects {
-            let names = [p.name] + p.aliases
-            if p.id == id || names.contains(where: { let w = NormalizedText.words(of: $0); return !w.isEmpty && words.starts(with: w) }) {
-                let route = bestTarget(of: p, input: String(text))
-                return exact(route, reason: "mention: @\(p.id)", .mention)
+        if let firstWord = words.first {
+            for i in byFirstWord[firstWord] ?? [] where !targets[i].nameWords.isEmpty && words.starts(with: targets[i].nameWords) {
+                return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
             }
+        }
+        for (index, p) in projectNames.enumerated() where p.id == id || p.names.contains(where: { words.starts(with: $0) }) {
+            let route = bestTarget(of: table.projects[index], input: String(text))
+            return exact(route, reason: "mention: @\(p.id)", .mention)
         }
         return nil
     }
@@ -207,15 +226,23 @@ public struct RouteResolver: Sendable {
     }
 
     private func resolveScores(_ text: NormalizedText) -> RouteResolution? {
-        var candidates = Set<Int>()
-        for w in text.words { if let c = byFirstWord[w] { candidates.formUnion(c) } }
-        guard !candidates.isEmpty else { return nil }
-        var scored: [(index: Int, score: Score)] = []
-        for i in candidates {
-            let s = score(targets[i], text)
-            if s.score > 0 { scored.append((i, s)) }
+        // Each entry counts once, however often it occurs.
+        var matchedEntries = Set<Int>()  // target << 16 | entry
+        var scores: [Int: Score] = [:]
+        for word in Set(text.words) {
+            for (t, e) in entriesByFirstWord[word] ?? [] {
+                let key = t << 16 | e
+                guard !matchedEntries.contains(key) else { continue }
+                let entry = targets[t].entries[e]
+                guard text.contains(entry.words) else { continue }
+                matchedEntries.insert(key)
+                scores[t, default: Score()].score += 1
+                scores[t, default: Score()].matched.append(entry)
+            }
         }
-        guard !scored.isEmpty else { return nil }
+        guard !scores.isEmpty else { return nil }
+        var scored = scores.map { (index: $0.key, score: $0.value) }
+        for i in scored.indices { scored[i].score.matched.sort { $0.order < $1.order } }
         // Highest score first; ties go to the earlier target in the table.
         scored.sort { $0.score.score != $1.score.score ? $0.score.score > $1.score.score : $0.index < $1.index }
         let best = scored[0]
@@ -243,5 +270,16 @@ public struct RouteResolver: Sendable {
             guard !labels.isEmpty else { return nil }
             return "\(labels.count == 1 ? one : many): \(labels.joined(separator: ", "))"
         }.joined(separator: "; ")
+    }
+}
+
+extension RouteResolver {
+    /// The baseline that resolver-bench compares against: the scoring pass
+    /// over every target of the table, without the first-word index.
+    public func scoreEveryTarget(_ input: String) -> Int {
+        let text = NormalizedText(input)
+        var best = 0
+        for t in targets { best = max(best, score(t, text).score) }
+        return best
     }
 }

@@ -10,6 +10,9 @@ struct NormalizedText: Sendable {
 
     /// "Zoë's AGM-agenda" → ["zoe", "s", "agm", "agenda"].
     static func words(of text: String) -> [String] {
+        // Most input is ASCII: lower-case and split bytes directly, without
+        // Foundation's folding, which costs far more.
+        if text.utf8.allSatisfy({ $0 < 0x80 }) { return asciiWords(text) }
         let folded = text.folding(options: [.caseInsensitive, .diacriticInsensitive, .widthInsensitive], locale: Locale(identifier: "en_US_POSIX"))
         var words: [String] = []
         var current = ""
@@ -22,6 +25,27 @@ struct NormalizedText: Sendable {
             }
         }
         if !current.isEmpty { words.append(current) }
+        return words
+    }
+
+    private static func asciiWords(_ text: String) -> [String] {
+        var words: [String] = []
+        var current: [UInt8] = []
+        current.reserveCapacity(16)
+        for b in text.utf8 {
+            switch b {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                current.append(b)
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"):
+                current.append(b + 32)
+            default:
+                if !current.isEmpty {
+                    words.append(String(decoding: current, as: UTF8.self))
+                    current.removeAll(keepingCapacity: true)
+                }
+            }
+        }
+        if !current.isEmpty { words.append(String(decoding: current, as: UTF8.self)) }
         return words
     }
 

@@ -29,7 +29,7 @@ final class RouterHarness: @unchecked Sendable {
         vhost = "frontdesk-test-\(name)-\(UUID().uuidString.prefix(6).lowercased())"
         try Self.ctl(["add_vhost", vhost])
         try Self.ctl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
-        var url = TestBrokerURL.url
+        var url = TestBroker.url
         url.vhost = vhost
         self.url = url
         tableFile = FileManager.default.temporaryDirectory.appendingPathComponent("routes-\(vhost).json").path
@@ -82,9 +82,9 @@ final class RouterHarness: @unchecked Sendable {
     func drain(_ queue: String, quiet: Duration = .milliseconds(800)) async throws -> [AMQPDelivery] {
         let c = try await connection.openChannel()
         let consumer = try await c.consume(queue: queue, noAck: true)
-        let collected = Collected()
+        let collected = CollectedElements<AMQPDelivery>()
         let reader = Task {
-            for try await d in consumer { await collected.append(d) }
+            for try await d in consumer { _ = await collected.append(d) }
         }
         var last = -1
         while true {
@@ -111,28 +111,7 @@ final class RouterHarness: @unchecked Sendable {
     }
 
     static func ctl(_ arguments: [String]) throws {
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/bin/bash")
-        p.arguments = [root.appendingPathComponent("scripts/broker.sh").path, "ctl"] + arguments
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
-        try p.run()
-        p.waitUntilExit()
+        try TestBroker.script(["ctl"] + arguments)
     }
 }
 
-enum TestBrokerURL {
-    static var url: AMQPURL {
-        try! AMQPURL(parsing: ProcessInfo.processInfo.environment["FRONTDESK_TEST_AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
-    }
-}
-
-/// Router suites run one at a time: they start processes and kill them.
-@Suite("Router against the local broker", .serialized)
-struct RouterIntegration {}
-
-actor Collected {
-    var all: [AMQPDelivery] = []
-    func append(_ d: AMQPDelivery) { all.append(d) }
-}

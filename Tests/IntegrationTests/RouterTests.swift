@@ -2,7 +2,7 @@ import AMQP
 import Foundation
 import Testing
 
-extension RouterIntegration {
+extension BrokerIntegration {
     @Suite("Router intake", .timeLimit(.minutes(2)))
     struct RouterTests {
         @Test func acceptedRequestGetsDraftedThenRoutingAndAHandOff() async throws {
