@@ -226,37 +226,48 @@ public struct RouteResolver: Sendable {
     }
 
     private func resolveScores(_ text: NormalizedText) -> RouteResolution? {
-        // Each entry counts once, however often it occurs.
-        var matchedEntries = Set<Int>()  // target << 16 | entry
-        var scores: [Int: Score] = [:]
-        for word in Set(text.words) {
-            for (t, e) in entriesByFirstWord[word] ?? [] {
-                let key = t << 16 | e
-                guard !matchedEntries.contains(key) else { continue }
-                let entry = targets[t].entries[e]
-                guard text.contains(entry.words) else { continue }
-                matchedEntries.insert(key)
-                scores[t, default: Score()].score += 1
-                scores[t, default: Score()].matched.append(entry)
+        // Where each input word stands, so an entry is checked only where its first word is.
+        var positions: [String: [Int]] = [:]
+        for (i, w) in text.words.enumerated() { positions[w, default: []].append(i) }
+        // Each (target, entry) sits under exactly one first word, so it counts
+        // at most once. Counts go in a flat array (one slot a target), with
+        // the touched targets listed so only they are ranked.
+        var counts = [Int32](repeating: 0, count: targets.count)
+        var touched: [Int] = []
+        for (word, at) in positions {
+            guard let candidates = entriesByFirstWord[word] else { continue }
+            for (t, e) in candidates where text.matches(targets[t].entries[e].words, startingAtAnyOf: at) {
+                if counts[t] == 0 { touched.append(t) }
+                counts[t] += 1
             }
         }
-        guard !scores.isEmpty else { return nil }
-        var scored = scores.map { (index: $0.key, score: $0.value) }
-        for i in scored.indices { scored[i].score.matched.sort { $0.order < $1.order } }
-        // Highest score first; ties go to the earlier target in the table.
-        scored.sort { $0.score.score != $1.score.score ? $0.score.score > $1.score.score : $0.index < $1.index }
-        let best = scored[0]
-        let s1 = Double(best.score.score)
-        let s2 = Double(scored.count > 1 ? scored[1].score.score : 0)
+        guard !touched.isEmpty else { return nil }
+        // The best 4 (winner and up to 3 runners-up): higher score first, ties to the earlier target.
+        var top: [(index: Int, score: Int)] = []
+        top.reserveCapacity(5)
+        for index in touched {
+            let score = Int(counts[index])
+            guard top.count < 4 || Self.ranks((index, score), above: top[top.count - 1]) else { continue }
+            let slot = top.firstIndex { !Self.ranks($0, above: (index, score)) } ?? top.count
+            top.insert((index, score), at: slot)
+            if top.count > 4 { top.removeLast() }
+        }
+        let best = top[0]
+        let s1 = Double(best.score)
+        let s2 = Double(top.count > 1 ? top[1].score : 0)
         let confidence = min(0.99, max(0.01, (s1 - s2 + 1) / (s1 + 2)))
-        let alternatives = scored.dropFirst().prefix(3).map { alt in
+        let alternatives = top.dropFirst().map { alt in
             RouteResolution.Alternative(
                 route: targets[alt.index].route,
-                confidence: (Double(alt.score.score) / (s1 + Double(alt.score.score) + 2) * 100).rounded() / 100)
+                confidence: (Double(alt.score) / (s1 + Double(alt.score) + 2) * 100).rounded() / 100)
         }
         return RouteResolution(
             route: targets[best.index].route, confidence: (confidence * 100).rounded() / 100,
-            reason: Self.reason(best.score.matched), alternatives: alternatives, source: .score)
+            reason: Self.reason(score(targets[best.index], text).matched), alternatives: alternatives, source: .score)
+    }
+
+    private static func ranks(_ a: (index: Int, score: Int), above b: (index: Int, score: Int)) -> Bool {
+        a.score != b.score ? a.score > b.score : a.index < b.index
     }
 
     /// "keywords: agm, agenda; contact: Lisa".

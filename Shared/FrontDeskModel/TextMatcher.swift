@@ -8,45 +8,56 @@ struct NormalizedText: Sendable {
         words = Self.words(of: text)
     }
 
-    /// "Zoë's AGM-agenda" → ["zoe", "s", "agm", "agenda"].
+    /// "Zoë's AGM-agenda" → ["zoe", "s", "agm", "agenda"]: lower case,
+    /// without diacritics, compatibility forms folded ("ｆｕｌｌ" → "full"),
+    /// split on anything that is not a letter or a digit. ASCII takes a fast
+    /// path; other scalars are folded one by one.
     static func words(of text: String) -> [String] {
-        // Most input is ASCII: lower-case and split bytes directly, without
-        // Foundation's folding, which costs far more.
-        if text.utf8.allSatisfy({ $0 < 0x80 }) { return asciiWords(text) }
-        let folded = text.folding(options: [.caseInsensitive, .diacriticInsensitive, .widthInsensitive], locale: Locale(identifier: "en_US_POSIX"))
         var words: [String] = []
-        var current = ""
-        for scalar in folded.unicodeScalars {
-            if CharacterSet.alphanumerics.contains(scalar) {
-                current.unicodeScalars.append(scalar)
-            } else if !current.isEmpty {
-                words.append(current)
-                current = ""
+        var current = String.UnicodeScalarView()
+        func flush() {
+            if !current.isEmpty {
+                words.append(String(current))
+                current = String.UnicodeScalarView()
             }
         }
-        if !current.isEmpty { words.append(current) }
+        for scalar in text.unicodeScalars {
+            if scalar.isASCII {
+                switch scalar.value {
+                case 0x61...0x7A, 0x30...0x39: current.append(scalar)
+                case 0x41...0x5A: current.append(Unicode.Scalar(scalar.value + 32)!)
+                default: flush()
+                }
+                continue
+            }
+            let properties = scalar.properties
+            if isMark(properties.generalCategory) {
+                continue  // a combining accent: part of the word, dropped
+            }
+            guard properties.isAlphabetic || properties.numericType != nil else {
+                flush()
+                continue
+            }
+            for folded in String(scalar).decomposedStringWithCompatibilityMapping.unicodeScalars
+            where !isMark(folded.properties.generalCategory) {
+                // Case folding, not just lower case: "ß" matches "ss".
+                let lower = folded.value == 0xDF ? "ss" : folded.properties.lowercaseMapping
+                current.append(contentsOf: lower.unicodeScalars)
+            }
+        }
+        flush()
         return words
     }
 
-    private static func asciiWords(_ text: String) -> [String] {
-        var words: [String] = []
-        var current: [UInt8] = []
-        current.reserveCapacity(16)
-        for b in text.utf8 {
-            switch b {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
-                current.append(b)
-            case UInt8(ascii: "A")...UInt8(ascii: "Z"):
-                current.append(b + 32)
-            default:
-                if !current.isEmpty {
-                    words.append(String(decoding: current, as: UTF8.self))
-                    current.removeAll(keepingCapacity: true)
-                }
-            }
+    private static func isMark(_ category: Unicode.GeneralCategory) -> Bool {
+        category == .nonspacingMark || category == .spacingMark || category == .enclosingMark
+    }
+
+    /// True when `phrase` occurs at one of `starts` (where its first word stands).
+    func matches(_ phrase: [String], startingAtAnyOf starts: [Int]) -> Bool {
+        starts.contains { start in
+            start + phrase.count <= words.count && phrase.indices.dropFirst().allSatisfy { words[start + $0] == phrase[$0] }
         }
-        if !current.isEmpty { words.append(String(decoding: current, as: UTF8.self)) }
-        return words
     }
 
     /// True when `phrase` (already split into words) occurs as consecutive whole words.

@@ -130,3 +130,18 @@ struct RouteResolverTests {
         #expect(r.resolve(input: "none") == .failure(.noRoute))
     }
 }
+
+@Suite("Text normalisation")
+struct NormalizedTextTests {
+    @Test(arguments: [
+        ("Zoë's AGM-agenda", ["zoe", "s", "agm", "agenda"]),
+        ("JOSÉ  e\u{301}te", ["jose", "ete"]),
+        ("ｆｕｌｌ width ＡＧＭ", ["full", "width", "agm"]),
+        ("Reply — short, confirm 14:00", ["reply", "short", "confirm", "14", "00"]),
+        ("😀✓", []),
+        ("Straße Ærø", ["strasse", "ærø"]),
+    ])
+    func words(_ text: String, _ expected: [String]) {
+        #expect(NormalizedText.words(of: text) == expected)
+    }
+}
