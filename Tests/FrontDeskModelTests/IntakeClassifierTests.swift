@@ -1,0 +1,143 @@
+import Foundation
+@testable import FrontDeskModel
+import Testing
+
+@Suite("Intake validation")
+struct IntakeClassifierTests {
+    struct Case: Sendable, CustomTestStringConvertible {
+        var key = "dispatch.request"
+        var type: String? = nil
+        var body: String
+        var code: DeadLetterCode
+        var failedID: String? = nil
+        var testDescription: String { "\(key) \(body.prefix(40)) → \(code.rawValue)" }
+    }
+
+    static let rejects: [Case] = [
+        .init(body: "{not json", code: .invalidJSON),
+        .init(body: "", code: .invalidJSON),
+        .init(body: "[1,2]", code: .invalidRequest),
+        .init(body: "\"text\"", code: .invalidRequest),
+        .init(body: #"{"input":"x"}"#, code: .invalidRequest),
+        .init(body: #"{"id":42,"input":"x"}"#, code: .invalidRequest),
+        .init(body: #"{"id":"a#b","input":"x"}"#, code: .invalidRequest),
+        .init(body: #"{"id":"a*b","input":"x"}"#, code: .invalidRequest),
+        .init(body: #"{"id":"a b","input":"x"}"#, code: .invalidRequest),
+        .init(body: #"{"id":"","input":"x"}"#, code: .invalidRequest),
+        .init(body: #"{"id":"ok"}"#, code: .invalidRequest, failedID: "ok"),
+        .init(body: #"{"id":"ok","input":""}"#, code: .invalidRequest, failedID: "ok"),
+        .init(body: #"{"id":"ok","input":7}"#, code: .invalidRequest, failedID: "ok"),
+        .init(body: #"{"id":"ok","input":"x","project":3}"#, code: .invalidRequest, failedID: "ok"),
+        .init(body: #"{"id":"ok","input":"x","createdAt":"yesterday"}"#, code: .invalidRequest, failedID: "ok"),
+        .init(body: #"{"id":"ok","input":"x","target":""}"#, code: .invalidRequest, failedID: "ok"),
+        .init(body: "{\"id\":\"ok\",\"input\":\"\(String(repeating: "é", count: 4001))\"}", code: .invalidRequest, failedID: "ok"),
+        .init(type: "frontdesk.dispatch.v2", body: #"{"id":"ok","input":"x"}"#, code: .unsupportedVersion),
+        .init(type: "v1", body: #"{"id":"ok","input":"x"}"#, code: .unsupportedVersion),
+        .init(key: "dispatch.other", body: #"{"id":"ok","input":"x"}"#, code: .invalidRequest),
+        .init(key: "dispatch.cancel", body: #"{"reason":"user"}"#, code: .invalidRequest),
+        .init(key: "dispatch.cancel", body: #"{"id":"ok","reason":5}"#, code: .invalidRequest),
+        .init(key: "dispatch.reroute", body: #"{"id":"ok","project":"acme"}"#, code: .invalidRequest),
+        .init(key: "dispatch.reroute", body: "nope", code: .invalidJSON),
+    ]
+
+    @Test(arguments: rejects)
+    func rejectsWithTheRightCode(_ c: Case) {
+        let result = IntakeClassifier.classify(routingKey: c.key, type: c.type, body: Data(c.body.utf8))
+        guard case .reject(let code, let reason, let failedID, _) = result else {
+            Issue.record("accepted: \(result)")
+            return
+        }
+        #expect(code == c.code)
+        #expect(failedID == c.failedID)
+        #expect(reason.count > 5)
+    }
+
+    @Test func tooLargeIsCheckedFirst() {
+        let body = Data(repeating: UInt8(ascii: "x"), count: IntakeClassifier.maxBodyBytes + 1)
+        guard case .reject(let code, _, nil, nil) = IntakeClassifier.classify(routingKey: "nope", type: "x.v2", body: body) else {
+            Issue.record("not rejected")
+            return
+        }
+        #expect(code == .tooLarge)
+        let exactly = "{\"id\":\"a\",\"input\":\"" + String(repeating: "x", count: IntakeClassifier.maxBodyBytes - 21) + "\"}"
+        #expect(Data(exactly.utf8).count == IntakeClassifier.maxBodyBytes)
+        if case .reject(.tooLarge, _, _, _) = IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: Data(exactly.utf8)) {
+            Issue.record("a body of exactly 64 KiB is not too large")
+        }
+    }
+
+    @Test func validMessagesParse() {
+        let request = IntakeClassifier.classify(
+            routingKey: "dispatch.request", type: "frontdesk.dispatch.v1",
+            body: Data(#"{"id":"0b7e-1","input":"Zoë — 14:00","user":"u-42","threadId":"t-9","project":"yemaya","target":"board-prep","createdAt":"2026-05-13T09:41:00.000Z","extra":{"ignored":true}}"#.utf8))
+        guard case .request(let r) = request else {
+            Issue.record("not a request: \(request)")
+            return
+        }
+        #expect(r.id == "0b7e-1" && r.input == "Zoë — 14:00" && r.user == "u-42" && r.threadId == "t-9")
+        #expect(r.project == "yemaya" && r.target == "board-prep")
+        #expect(r.createdAt == Date(timeIntervalSince1970: 1_778_665_260))
+        #expect(IntakeClassifier.classify(routingKey: "dispatch.cancel", type: nil, body: Data(#"{"id":"x"}"#.utf8))
+            == .cancel(CancelCommand(id: "x", reason: "user")))
+        #expect(IntakeClassifier.classify(routingKey: "dispatch.reroute", type: nil, body: Data(#"{"id":"x","project":"acme","target":"legal"}"#.utf8))
+            == .reroute(RerouteCommand(id: "x", route: .init(project: "acme", target: "legal"))))
+        // 4,000 code points is the limit, not 4,000 bytes.
+        let long = String(repeating: "é", count: 4000)
+        guard case .request = IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: Data("{\"id\":\"a\",\"input\":\"\(long)\"}".utf8)) else {
+            Issue.record("4,000 code points refused")
+            return
+        }
+    }
+}
+
+@Suite("Router decisions and their events")
+struct RouterDecisionTests {
+    let resolver = RouteResolver(table: try! RoutingTable.example())
+    let now = Date(timeIntervalSince1970: 1_778_665_264)
+
+    func request(_ input: String, project: String? = nil, target: String? = nil, createdAt: Date? = nil) -> DispatchRequest {
+        DispatchRequest(id: "d-1", input: input, user: "u-42", threadId: "t-9", project: project, target: target, createdAt: createdAt)
+    }
+
+    @Test func routedRecordGivesDraftedThenRouting() throws {
+        let record = RouterDecision.decide(
+            request("Reply to Lisa about the AGM agenda — short, confirm 14:00", createdAt: Date(timeIntervalSince1970: 1_778_665_260)),
+            body: Data("b".utf8), resolver: resolver, now: now, lifetimeSeconds: 14_400)
+        let events = record.events()
+        #expect(events.map(\.state) == [.drafted, .routing])
+        #expect(events.map(\.seq) == [1, 2])
+        #expect(events.map(\.step) == [0, 1])
+        #expect(events.map(\.routingKey) == ["status._._.drafted", "status.yemaya.board-prep.routing"])
+        #expect(events.map(\.messageID) == ["d-1/1", "d-1/2"])
+        #expect(events[1].project == .init(id: "yemaya", name: "Yemaya", glyph: "YE", accent: "#6E56CF"))
+        #expect(events[1].route?.reason == "keywords: agm, agenda; contact: Lisa")
+        #expect(events.allSatisfy { $0.startedAt == "2026-05-13T09:41:00.000Z" && $0.expiresAt == "2026-05-13T13:41:00.000Z" })
+        #expect(events.allSatisfy { $0.elapsedMs == 4000 && $0.threadId == "t-9" && $0.activity.count > 3 })
+        #expect(record.lastSeq == 2)
+        let json = try JSONSerialization.jsonObject(with: events[0].jsonData()) as! [String: Any]
+        #expect(json["project"] == nil && json["preview"] == nil && json["etaMs"] == nil)
+        #expect(json["steps"] as? Int == 3)
+    }
+
+    @Test func failuresAfterDrafted() {
+        let unknown = RouterDecision.decide(request("x", project: "acme", target: "nope"), body: Data(), resolver: resolver, now: now, lifetimeSeconds: 60)
+        #expect(unknown.events().map(\.state) == [.drafted, .failed])
+        #expect(unknown.events().last?.error?.code == "unknown_target")
+        #expect(unknown.events().last?.routingKey == "status._._.failed")
+        let expired = RouterDecision.decide(
+            request("the agenda", createdAt: now.addingTimeInterval(-120)), body: Data(), resolver: resolver, now: now, lifetimeSeconds: 60)
+        #expect(expired.events().last?.error?.code == "expired")
+    }
+
+    @Test func invalidRequestIsOneFailedEvent() {
+        let record = RouterDecision.invalid(id: "bad", input: nil, reason: "'input' is missing", body: Data(), now: now, lifetimeSeconds: 60)
+        let events = record.events()
+        #expect(events.count == 1)
+        #expect(events[0].state == .failed && events[0].seq == 1 && events[0].error?.code == "invalid_request")
+    }
+
+    @Test func fingerprintsTellBodiesApart() {
+        #expect(DispatchRecord.fingerprint(Data("a".utf8)) == DispatchRecord.fingerprint(Data("a".utf8)))
+        #expect(DispatchRecord.fingerprint(Data("a".utf8)) != DispatchRecord.fingerprint(Data("b".utf8)))
+    }
+}
