@@ -40,6 +40,12 @@ let package = Package(
 
         // Benchmarks: print figures, assert nothing about speed.
         .executableTarget(name: "amqp-bench", dependencies: ["AMQP"], path: "Benchmarks/AMQPBench"),
+        .executableTarget(name: "router-bench", dependencies: ["AMQP"], path: "Benchmarks/RouterBench"),
+        .executableTarget(
+            name: "router-c-relay",
+            path: "Benchmarks/RouterCRelay",
+            linkerSettings: [.linkedLibrary("rabbitmq")]
+        ),
         .executableTarget(name: "resolver-bench", dependencies: ["FrontDeskModel"], path: "Benchmarks/ResolverBench"),
         .executableTarget(
             name: "amqp-c-baseline",

@@ -12,16 +12,22 @@ import Synchronization
 /// that another replica needs.
 final class DecisionLog: Sendable {
     struct Entry: Sendable {
-        let record: DispatchRecord
+        let id: String
         /// Who appended it: unique per append.
         let token: String
+        /// The record as written; decoded only when a redelivery needs it.
+        let body: Data
+
+        var record: DispatchRecord? { try? JSONDecoder().decode(DispatchRecord.self, from: body) }
     }
 
     private struct State {
         var first: [String: Entry] = [:]
-        var waiters: [String: (id: String, continuation: CheckedContinuation<Entry, Error>)] = [:]
-        /// The publish-and-time-out task of each waiter, cancelled when its record comes back.
-        var timers: [String: Task<Void, Never>] = [:]
+        /// Tokens appended by this replica and not yet read back: their id and deadline.
+        var expected: [String: (id: String, deadline: ContinuousClock.Instant)] = [:]
+        /// Read back before its appender started waiting.
+        var arrived: [String: Entry] = [:]
+        var waiters: [String: CheckedContinuation<Entry, Error>] = [:]
     }
 
     private let state = Mutex(State())
@@ -36,69 +42,117 @@ final class DecisionLog: Sendable {
     /// The first record of `id` seen so far.
     func first(_ id: String) -> Entry? { state.withLock { $0.first[id] } }
 
-    /// Reads the stream from its start for as long as the client runs.
+    /// Reads the stream from its start for as long as the client runs, and
+    /// fails appends whose record has not come back in time.
     func follow() async {
         let deliveries = await client.consume(ConsumerSpecification(
             queue: RouterTopology.decisionLog, prefetchCount: 2000, arguments: ["x-stream-offset": "first"]))
+        let sweeper = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(500))
+                failOverdue()
+            }
+        }
+        // A stream consumer's acks are credit: give it back 100 records at a time.
+        var sinceAck = 0
         for await delivery in deliveries {
             ingest(delivery)
-            try? delivery.ack()
+            sinceAck += 1
+            if sinceAck >= 100 {
+                try? delivery.ack(multiple: true)
+                sinceAck = 0
+            }
+        }
+        sweeper.cancel()
+    }
+
+    private func failOverdue() {
+        let now = ContinuousClock.now
+        let overdue = state.withLock { s -> [(String, CheckedContinuation<Entry, Error>?)] in
+            let tokens = s.expected.filter { $0.value.deadline <= now }.map(\.key)
+            return tokens.map { token in
+                s.expected[token] = nil
+                s.arrived[token] = nil
+                return (token, s.waiters.removeValue(forKey: token))
+            }
+        }
+        for (_, waiter) in overdue {
+            waiter?.resume(throwing: AMQPError(.timeout, "a decision did not come back from the log in time"))
         }
     }
 
+    /// Id, token and time ride in the message's properties (correlation_id,
+    /// message_id, timestamp), so following the log decodes no JSON.
     func ingest(_ delivery: AMQPDelivery) {
-        guard let token = delivery.properties.messageID,
-            let record = try? JSONDecoder().decode(DispatchRecord.self, from: delivery.body)
-        else { return }
-        let entry = Entry(record: record, token: token)
-        let now = Date()
+        guard let token = delivery.properties.messageID, let id = delivery.properties.correlationID else { return }
+        let entry = Entry(id: id, token: token, body: delivery.body)
+        let now = UInt64(Date().timeIntervalSince1970)
         let waiter = state.withLock { s -> (CheckedContinuation<Entry, Error>, Entry)? in
-            if let decided = RFC3339.parse(record.decidedAt), now.timeIntervalSince(decided) > Double(windowSeconds) {
+            if let written = delivery.properties.timestamp, now > written + UInt64(windowSeconds) {
                 // Outside the window: it no longer makes a later request a duplicate.
-            } else if s.first[record.id] == nil {
-                s.first[record.id] = entry
+            } else if s.first[id] == nil {
+                s.first[id] = entry
             }
-            s.timers.removeValue(forKey: token)?.cancel()
-            guard let w = s.waiters.removeValue(forKey: token) else { return nil }
-            return (w.continuation, s.first[w.id] ?? entry)
+            guard let expected = s.expected.removeValue(forKey: token) else { return nil }
+            let winner = s.first[expected.id] ?? entry
+            guard let w = s.waiters.removeValue(forKey: token) else {
+                s.arrived[token] = winner
+                return nil
+            }
+            return (w, winner)
         }
         if let (continuation, winner) = waiter { continuation.resume(returning: winner) }
     }
 
-    /// Appends `record` and waits until the stream has given it back; returns
-    /// the first record of its id, which is this one unless another came first.
-    func append(_ record: DispatchRecord, timeout: Duration = .seconds(15)) async throws -> (winner: Entry, token: String) {
-        let token = UUID().uuidString
-        let winner = try await withCheckedThrowingContinuation { (c: CheckedContinuation<Entry, Error>) in
-            state.withLock { $0.waiters[token] = (record.id, c) }
-            let timer = Task {
-                do {
-                    try await client.publish(OutboundMessage(
-                        exchange: "", routingKey: RouterTopology.decisionLog, body: record.jsonData(),
-                        properties: .persistentJSON(messageID: token, correlationID: record.id, type: "frontdesk.router.decision.v1")))
-                } catch {
-                    fail(token, error)
-                    return
+    /// Appends records in one publish window and waits until the stream has
+    /// given each back. For each: the first record of its id (this one unless
+    /// another came first) and this append's token, or why it failed.
+    func append(_ records: [(record: DispatchRecord, body: Data)], timeout: Duration = .seconds(15)) async -> [Result<(winner: Entry, token: String), Error>] {
+        let tokens = records.map { _ in UUID().uuidString }
+        state.withLock { s in
+            for (token, r) in zip(tokens, records) { s.expected[token] = (r.record.id, .now + timeout) }
+        }
+        let messages = zip(tokens, records).map { token, r in
+            OutboundMessage(
+                exchange: "", routingKey: RouterTopology.decisionLog, body: r.body,
+                properties: .persistentJSON(messageID: token, correlationID: r.record.id, type: "frontdesk.router.decision.v1"))
+        }
+        let published: [Result<Void, AMQPError>]
+        do {
+            published = try await client.publish(messages)
+        } catch {
+            published = messages.map { _ in .failure(error as? AMQPError ?? AMQPError(.library, "\(error)")) }
+        }
+        var results: [Result<(winner: Entry, token: String), Error>] = []
+        for (token, outcome) in zip(tokens, published) {
+            if case .failure(let error) = outcome {
+                state.withLock { s in
+                    s.expected[token] = nil
+                    s.arrived[token] = nil
                 }
-                do {
-                    try await Task.sleep(for: timeout)
-                } catch {
-                    return  // cancelled: the record came back
-                }
-                fail(token, AMQPError(.timeout, "the decision for \(record.id) did not come back from the log within \(timeout)"))
+                results.append(.failure(error))
+                continue
             }
-            state.withLock { s in
-                if s.waiters[token] != nil { s.timers[token] = timer } else { timer.cancel() }
+            do {
+                results.append(.success((try await readBack(token), token)))
+            } catch {
+                results.append(.failure(error))
             }
         }
-        return (winner, token)
+        return results
     }
 
-    private func fail(_ token: String, _ error: any Error) {
-        let waiter = state.withLock { s in
-            s.timers.removeValue(forKey: token)
-            return s.waiters.removeValue(forKey: token)
+    private func readBack(_ token: String) async throws -> Entry {
+        try await withCheckedThrowingContinuation { (c: CheckedContinuation<Entry, Error>) in
+            let ready = state.withLock { s -> Result<Entry, Error>? in
+                if let entry = s.arrived.removeValue(forKey: token) { return .success(entry) }
+                guard s.expected[token] != nil else {
+                    return .failure(AMQPError(.timeout, "a decision did not come back from the log in time"))
+                }
+                s.waiters[token] = c
+                return nil
+            }
+            if let ready { c.resume(with: ready) }
         }
-        waiter?.continuation.resume(throwing: error)
     }
 }

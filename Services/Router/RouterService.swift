@@ -28,11 +28,14 @@ struct RouterService: Service {
             group.addTask { await log.follow() }
             let deliveries = await client.consume(ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 256))
             await intake.consumer.set(deliveries)
-            await withDiscardingTaskGroup { handlers in
-                for await delivery in deliveries {
-                    handlers.addTask { await handle(delivery) }
-                }
+            let batcher = IntakeBatcher(limit: 256)
+            group.addTask {
+                for await delivery in deliveries { batcher.add(delivery) }
+                batcher.finish()
             }
+            // One batch at a time, so that a batch can be settled with one
+            // `multiple` ack: every lower delivery tag is settled already.
+            await batcher.forEachBatch { batch in await handle(batch) }
             // Intake stopped and every handler finished: stop the rest.
             intake.drained.continuation.finish()
             await client.shutdown()
@@ -50,89 +53,165 @@ struct RouterService: Service {
 
     // MARK: Handling
 
-    func handle(_ delivery: AMQPDelivery) async {
-        let started = ContinuousClock.now
-        do {
-            try await process(delivery)
-            try delivery.ack()
-        } catch {
-            logger.warning("will retry a message", [("error", .string("\(error)")), ("routing_key", .string(delivery.routingKey))])
-            // Back off a little, then hand it back: it comes again, marked redelivered.
-            try? await Task.sleep(for: .milliseconds(200))
-            try? delivery.nack(requeue: true)
-        }
-        let elapsed = ContinuousClock.now - started
-        metrics.handling.observe(Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+    /// What one delivery needs before it can be acked.
+    enum Plan {
+        /// Publish these (confirmed), then ack; `counted` goes to the metrics.
+        case publish([OutboundMessage], counted: Counted)
+        /// Needs the decision log first.
+        case decide(DispatchRecord, body: Data, deadLetter: (DeadLetterCode, String)?)
+        /// Ack with nothing to publish (a duplicate).
+        case drop(Counted)
+        /// Hand back for a later try.
+        case retry(any Error)
     }
 
-    func process(_ delivery: AMQPDelivery) async throws {
+    enum Counted {
+        case accepted(confidence: Double?), failed, duplicate, deadLetter(DeadLetterCode), command(String)
+    }
+
+    /// Handles a batch: one decision-log append for the new ids, one publish
+    /// window for every event, dead letter and hand-off, then the acks.
+    func handle(_ batch: [AMQPDelivery]) async {
+        let started = ContinuousClock.now
+        var plans = batch.map(plan)
+        let pending = plans.indices.compactMap { i -> (Int, DispatchRecord, Data, (DeadLetterCode, String)?)? in
+            guard case .decide(let record, let body, let dl) = plans[i] else { return nil }
+            return (i, record, body, dl)
+        }
+        if !pending.isEmpty {
+            let appended = await log.append(pending.map { ($0.1, $0.2) })
+            for ((i, record, body, dl), result) in zip(pending, appended) {
+                switch result {
+                case .success(let (winner, token)) where winner.token == token:
+                    plans[i] = complete(record, body: body, batch[i], dl)
+                case .success(let (winner, _)):
+                    plans[i] = completeOrDrop(winner, candidate: record, batch[i], dl)
+                case .failure(let error):
+                    plans[i] = .retry(error)
+                }
+            }
+        }
+        // One publish window for all of the batch's messages.
+        var messages: [OutboundMessage] = []
+        var owners: [Int] = []
+        for (i, p) in plans.enumerated() {
+            if case .publish(let m, _) = p {
+                messages += m
+                owners += Array(repeating: i, count: m.count)
+            }
+        }
+        var failed: [Int: any Error] = [:]
+        if !messages.isEmpty {
+            do {
+                for (owner, result) in zip(owners, try await client.publish(messages)) {
+                    if case .failure(let error) = result { failed[owner] = error }
+                }
+            } catch {
+                for owner in owners { failed[owner] = error }
+            }
+        }
+        var retries: [AMQPDelivery] = []
+        var settled: [AMQPDelivery] = []
+        for (i, p) in plans.enumerated() {
+            switch p {
+            case .publish(_, let counted) where failed[i] == nil:
+                count(counted)
+                settled.append(batch[i])
+            case .drop(let counted):
+                count(counted)
+                settled.append(batch[i])
+            case .retry(let error):
+                logger.warning("will retry a message", [("error", .string("\(error)")), ("routing_key", .string(batch[i].routingKey))])
+                retries.append(batch[i])
+            default:
+                logger.warning("will retry a message", [("error", .string("\(failed[i].map { "\($0)" } ?? "?")")), ("routing_key", .string(batch[i].routingKey))])
+                retries.append(batch[i])
+            }
+        }
+        if !retries.isEmpty {
+            // Back off a little, then hand them back: they come again, marked redelivered.
+            try? await Task.sleep(for: .milliseconds(200))
+            for d in retries { try? d.nack(requeue: true) }
+        }
+        // The rest with one ack per consumer (a reconnect starts a new consumer
+        // and new tags); the retries were settled just before.
+        for (_, deliveries) in Dictionary(grouping: settled, by: \.consumerTag) {
+            let last = deliveries.max { $0.deliveryTag < $1.deliveryTag }!
+            try? last.ack(multiple: true)
+        }
+        let elapsed = ContinuousClock.now - started
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        for _ in batch { metrics.handling.observe(seconds) }
+    }
+
+    private func count(_ counted: Counted) {
+        switch counted {
+        case .accepted(let confidence):
+            metrics.requests.increment("accepted")
+            if let confidence { metrics.confidence.observe(confidence) }
+        case .failed: metrics.requests.increment("failed")
+        case .duplicate: metrics.requests.increment("duplicate")
+        case .deadLetter(let code): metrics.deadLetters.increment(code.rawValue)
+        case .command(let kind): metrics.commands.increment(kind)
+        }
+    }
+
+    func plan(_ delivery: AMQPDelivery) -> Plan {
         let now = Date()
         switch IntakeClassifier.classify(routingKey: delivery.routingKey, type: delivery.properties.type, body: delivery.body) {
         case .reject(let code, let reason, nil, _):
-            try await deadLetter(delivery, code, reason)
+            logger.info("dead-lettered", [("code", .string(code.rawValue)), ("reason", .string(reason)), ("routing_key", .string(delivery.routingKey))])
+            return .publish([deadLetterMessage(delivery, code, reason)], counted: .deadLetter(code))
         case .reject(let code, let reason, let id?, let input):
             let record = RouterDecision.invalid(
                 id: id, input: input, reason: reason, body: delivery.body, now: now, lifetimeSeconds: configuration.lifetimeSeconds)
-            try await settle(record, delivery, deadLetter: (code, reason))
+            return decideOrReuse(record, delivery, (code, reason))
         case .request(let request):
             let record = RouterDecision.decide(
                 request, body: delivery.body, resolver: resolver, now: now, lifetimeSeconds: configuration.lifetimeSeconds)
-            try await settle(record, delivery, deadLetter: nil)
+            return decideOrReuse(record, delivery, nil)
         case .cancel(let cancel):
-            try await handOff(delivery, type: "frontdesk.handoff.cancel.v1", id: cancel.id)
-            metrics.commands.increment("cancel")
+            return .publish([handOff(delivery, type: "frontdesk.handoff.cancel.v1", id: cancel.id)], counted: .command("cancel"))
         case .reroute(let reroute):
             guard resolver.table.target(reroute.route) != nil else {
-                try await deadLetter(delivery, .unknownTarget, "the reroute names \(reroute.route.description), which is no target of the routing table")
-                return
+                let reason = "the reroute names \(reroute.route.description), which is no target of the routing table"
+                logger.info("dead-lettered", [("code", "unknown_target"), ("reason", .string(reason))])
+                return .publish([deadLetterMessage(delivery, .unknownTarget, reason)], counted: .deadLetter(.unknownTarget))
             }
-            try await handOff(delivery, type: "frontdesk.handoff.reroute.v1", id: reroute.id)
-            metrics.commands.increment("reroute")
+            return .publish([handOff(delivery, type: "frontdesk.handoff.reroute.v1", id: reroute.id)], counted: .command("reroute"))
         }
     }
 
-    /// Decides whether this delivery's record is the one that counts for its
-    /// id, and completes it if so.
-    func settle(_ record: DispatchRecord, _ delivery: AMQPDelivery, deadLetter dl: (DeadLetterCode, String)?) async throws {
-        if let existing = log.first(record.id) {
-            return try await completeOrDrop(existing.record, candidate: record, delivery, dl)
-        }
-        let (winner, token) = try await log.append(record)
-        if winner.token == token {
-            try await complete(record, delivery, dl)
-        } else {
-            try await completeOrDrop(winner.record, candidate: record, delivery, dl)
-        }
+    /// An id this replica already knows is settled without the log; a new
+    /// one must go through it.
+    private func decideOrReuse(_ record: DispatchRecord, _ delivery: AMQPDelivery, _ dl: (DeadLetterCode, String)?) -> Plan {
+        if let existing = log.first(record.id) { return completeOrDrop(existing, candidate: record, delivery, dl) }
+        return .decide(record, body: record.jsonData(), deadLetter: dl)
     }
 
     /// An id that was decided before: a redelivery of the same message
     /// finishes that decision (its previous handler may have died midway,
     /// and re-publishing gives the same events); anything else is a duplicate.
     private func completeOrDrop(
-        _ decided: DispatchRecord, candidate: DispatchRecord, _ delivery: AMQPDelivery, _ dl: (DeadLetterCode, String)?
-    ) async throws {
-        if delivery.redelivered && decided.bodyFingerprint == candidate.bodyFingerprint {
-            try await complete(decided, delivery, dl)
-            return
+        _ decided: DecisionLog.Entry, candidate: DispatchRecord, _ delivery: AMQPDelivery, _ dl: (DeadLetterCode, String)?
+    ) -> Plan {
+        if delivery.redelivered, let record = decided.record, record.bodyFingerprint == candidate.bodyFingerprint {
+            return complete(record, body: decided.body, delivery, dl)
         }
-        metrics.requests.increment("duplicate")
         logger.info("duplicate request dropped", [("dispatch_id", .string(candidate.id))])
+        return .drop(.duplicate)
     }
 
-    private func complete(_ record: DispatchRecord, _ delivery: AMQPDelivery, _ dl: (DeadLetterCode, String)?) async throws {
+    private func complete(_ record: DispatchRecord, body: Data, _ delivery: AMQPDelivery, _ dl: (DeadLetterCode, String)?) -> Plan {
         var messages = record.events().map(Self.statusMessage)
         if let (code, reason) = dl { messages.append(deadLetterMessage(delivery, code, reason)) }
         if record.outcome == .routed {
             messages.append(OutboundMessage(
-                exchange: "", routingKey: RouterTopology.senderInbox, body: record.jsonData(),
+                exchange: "", routingKey: RouterTopology.senderInbox, body: body,
                 properties: .persistentJSON(messageID: "\(record.id)/handoff", correlationID: record.id, type: DispatchRecord.handoffType),
                 mandatory: true))
         }
-        for result in try await client.publish(messages) { try result.get() }
-        if let (code, _) = dl { metrics.deadLetters.increment(code.rawValue) }
-        metrics.requests.increment(record.outcome == .routed ? "accepted" : "failed")
-        if let confidence = record.route?.confidence { metrics.confidence.observe(confidence) }
-        logger.debug("decided", [("dispatch_id", .string(record.id)), ("outcome", .string(record.outcome.rawValue))])
+        return .publish(messages, counted: record.outcome == .routed ? .accepted(confidence: record.route?.confidence) : .failed)
     }
 
     static func statusMessage(_ event: StatusEvent) -> OutboundMessage {
@@ -141,19 +220,12 @@ struct RouterService: Service {
             properties: .persistentJSON(messageID: event.messageID, correlationID: event.dispatchId, type: StatusEvent.type))
     }
 
-    private func handOff(_ delivery: AMQPDelivery, type: String, id: String) async throws {
+    private func handOff(_ delivery: AMQPDelivery, type: String, id: String) -> OutboundMessage {
         var properties = delivery.properties
         properties.type = type
         properties.correlationID = id
         properties.deliveryMode = 2
-        try await client.publish(OutboundMessage(
-            exchange: "", routingKey: RouterTopology.senderInbox, body: delivery.body, properties: properties, mandatory: true))
-    }
-
-    private func deadLetter(_ delivery: AMQPDelivery, _ code: DeadLetterCode, _ reason: String) async throws {
-        try await client.publish(deadLetterMessage(delivery, code, reason))
-        metrics.deadLetters.increment(code.rawValue)
-        logger.info("dead-lettered", [("code", .string(code.rawValue)), ("reason", .string(reason)), ("routing_key", .string(delivery.routingKey))])
+        return OutboundMessage(exchange: "", routingKey: RouterTopology.senderInbox, body: delivery.body, properties: properties, mandatory: true)
     }
 
     /// The original body and properties, plus the four headers of CONTRACT.md.

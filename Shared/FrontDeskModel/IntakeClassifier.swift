@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The dead-letter codes of CONTRACT.md.
 public enum DeadLetterCode: String, Sendable, CaseIterable {
@@ -130,22 +133,86 @@ public enum IntakeClassifier {
     }
 }
 
-/// RFC 3339 times, as the contract writes them.
+/// RFC 3339 times, as the contract writes them. Hand-written: Foundation's
+/// ISO8601DateFormatter is costly to create and not Sendable to share.
 public enum RFC3339 {
+    /// Parses `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` (`t`/space and `z` accepted).
     public static func parse(_ text: String) -> Date? {
-        let withFraction = ISO8601DateFormatter()
-        withFraction.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        if let d = withFraction.date(from: text) { return d }
-        let plain = ISO8601DateFormatter()
-        plain.formatOptions = [.withInternetDateTime]
-        return plain.date(from: text)
+        let b = Array(text.utf8)
+        func digits(_ at: Int, _ n: Int) -> Int? {
+            guard at + n <= b.count else { return nil }
+            var v = 0
+            for i in at..<(at + n) {
+                guard b[i] >= 48, b[i] <= 57 else { return nil }
+                v = v * 10 + Int(b[i] - 48)
+            }
+            return v
+        }
+        guard b.count >= 20, let year = digits(0, 4), b[4] == 45, let month = digits(5, 2), b[7] == 45,
+            let day = digits(8, 2), [84, 116, 32].contains(b[10]), let hour = digits(11, 2), b[13] == 58,
+            let minute = digits(14, 2), b[16] == 58, let second = digits(17, 2),
+            (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
+        else { return nil }
+        var i = 19
+        var fraction = 0.0
+        if i < b.count, b[i] == 46 {
+            i += 1
+            var scale = 0.1
+            let begin = i
+            while i < b.count, b[i] >= 48, b[i] <= 57 {
+                fraction += Double(b[i] - 48) * scale
+                scale /= 10
+                i += 1
+            }
+            guard i > begin else { return nil }
+        }
+        guard i < b.count else { return nil }
+        var offset = 0
+        if b[i] == 90 || b[i] == 122 {
+            i += 1
+        } else if b[i] == 43 || b[i] == 45, let oh = digits(i + 1, 2), i + 3 < b.count, b[i + 3] == 58, let om = digits(i + 4, 2) {
+            offset = (oh * 3600 + om * 60) * (b[i] == 45 ? -1 : 1)
+            i += 6
+        } else {
+            return nil
+        }
+        guard i == b.count else { return nil }
+        var parts = tm()
+        parts.tm_year = Int32(year - 1900)
+        parts.tm_mon = Int32(month - 1)
+        parts.tm_mday = Int32(day)
+        parts.tm_hour = Int32(hour)
+        parts.tm_min = Int32(minute)
+        parts.tm_sec = Int32(second)
+        let seconds = timegm(&parts)
+        return Date(timeIntervalSince1970: Double(seconds - offset) + fraction)
     }
 
     /// UTC with milliseconds: 2026-05-13T09:41:00.000Z.
     public static func format(_ date: Date) -> String {
-        let f = ISO8601DateFormatter()
-        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        f.timeZone = TimeZone(identifier: "UTC")
-        return f.string(from: date)
+        let ms = Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
+        var seconds = time_t(ms >= 0 ? ms / 1000 : (ms - 999) / 1000)
+        let millis = Int32(((ms % 1000) + 1000) % 1000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        var out = [UInt8]()
+        out.reserveCapacity(24)
+        func put(_ v: Int32, _ width: Int) {
+            var digits = [UInt8](repeating: 48, count: width)
+            var n = v
+            for k in stride(from: width - 1, through: 0, by: -1) {
+                digits[k] = UInt8(48 + n % 10)
+                n /= 10
+            }
+            out.append(contentsOf: digits)
+        }
+        put(parts.tm_year + 1900, 4); out.append(45)
+        put(parts.tm_mon + 1, 2); out.append(45)
+        put(parts.tm_mday, 2); out.append(84)
+        put(parts.tm_hour, 2); out.append(58)
+        put(parts.tm_min, 2); out.append(58)
+        put(parts.tm_sec, 2); out.append(46)
+        put(millis, 3); out.append(90)
+        return String(decoding: out, as: UTF8.self)
     }
 }

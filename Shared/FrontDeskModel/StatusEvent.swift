@@ -87,7 +87,7 @@ public struct StatusEvent: Sendable, Codable, Equatable {
 
     public func jsonData() -> Data {
         let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]  // sorted: a re-sent event is byte-identical
         return try! encoder.encode(self)
     }
 }

@@ -141,3 +141,31 @@ struct RouterDecisionTests {
         #expect(DispatchRecord.fingerprint(Data("a".utf8)) != DispatchRecord.fingerprint(Data("b".utf8)))
     }
 }
+
+@Suite("RFC 3339")
+struct RFC3339Tests {
+    @Test(arguments: [
+        ("2026-05-13T09:41:00.000Z", 1_778_665_260.0),
+        ("2026-05-13T09:41:00Z", 1_778_665_260.0),
+        ("2026-05-13T09:41:00.5z", 1_778_665_260.5),
+        ("2026-05-13T11:41:00.250+02:00", 1_778_665_260.25),
+        ("2026-05-13 04:41:00-05:00", 1_778_665_260.0),
+        ("1970-01-01T00:00:00.000Z", 0.0),
+    ])
+    func parses(_ text: String, _ seconds: Double) throws {
+        let date = try #require(RFC3339.parse(text))
+        #expect(abs(date.timeIntervalSince1970 - seconds) < 0.0005)
+    }
+
+    @Test(arguments: ["", "yesterday", "2026-13-01T00:00:00Z", "2026-05-13T09:41:00", "2026-05-13T09:41:00.Z", "2026-05-13T09:41:00Zjunk", "2026-05-13T25:00:00Z"])
+    func refuses(_ text: String) {
+        #expect(RFC3339.parse(text) == nil)
+    }
+
+    @Test func formatsUTCWithMilliseconds() {
+        #expect(RFC3339.format(Date(timeIntervalSince1970: 1_778_665_260.0429)) == "2026-05-13T09:41:00.042Z")
+        #expect(RFC3339.format(Date(timeIntervalSince1970: 0)) == "1970-01-01T00:00:00.000Z")
+        let now = Date()
+        #expect(abs(RFC3339.parse(RFC3339.format(now))!.timeIntervalSince(now)) < 0.001)
+    }
+}

@@ -56,6 +56,9 @@ final class RouterHarness: @unchecked Sendable {
         env["FRONTDESK_LOG_LEVEL"] = "warning"
         for (k, v) in extraEnvironment { env[k] = v }
         p.environment = env
+        // No inherited descriptors: a router that outlived its test must not
+        // hold the test runner's output open.
+        p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
         try p.run()
         processes.append(p)
@@ -103,7 +106,7 @@ final class RouterHarness: @unchecked Sendable {
     }
 
     func stop() async {
-        for p in processes where p.isRunning { p.terminate() }
+        for p in processes where p.isRunning { kill(p.processIdentifier, SIGKILL) }
         for p in processes { p.waitUntilExit() }
         await connection.close()
         try? Self.ctl(["delete_vhost", vhost])
@@ -115,3 +118,16 @@ final class RouterHarness: @unchecked Sendable {
     }
 }
 
+
+/// Runs `body` with a fresh harness and always stops it: its routers are
+/// killed and its vhost deleted, whether the body passed or threw.
+func withHarness(_ name: String, _ body: (RouterHarness) async throws -> Void) async throws {
+    let h = try await RouterHarness(name)
+    do {
+        try await body(h)
+    } catch {
+        await h.stop()
+        throw error
+    }
+    await h.stop()
+}

@@ -6,119 +6,119 @@ extension BrokerIntegration {
     @Suite("Router intake", .timeLimit(.minutes(2)))
     struct RouterTests {
         @Test func acceptedRequestGetsDraftedThenRoutingAndAHandOff() async throws {
-            let h = try await RouterHarness("accept")
-            defer { Task { await h.stop() } }
-            try await h.startRouter()
-            try await h.publish("dispatch.request", #"{"id":"d-1","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","threadId":"t-9","user":"u-42"}"#)
-            let deliveries = try await h.drain(h.statusQueue)
-            #expect(deliveries.map(\.routingKey) == ["status._._.drafted", "status.yemaya.board-prep.routing"])
-            #expect(deliveries.map(\.properties.messageID) == ["d-1/1", "d-1/2"])
-            #expect(deliveries.allSatisfy { $0.properties.type == "frontdesk.status.v1" && $0.properties.correlationID == "d-1" && $0.properties.deliveryMode == 2 })
-            let events = deliveries.map { try! JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
-            #expect(events.map { $0["seq"] as? Int } == [1, 2])
-            #expect(events.map { $0["step"] as? Int } == [0, 1])
-            #expect(events.allSatisfy { $0["input"] as? String == "Reply to Lisa about the AGM agenda — short, confirm 14:00" })
-            #expect(events.allSatisfy { $0["threadId"] as? String == "t-9" && $0["steps"] as? Int == 3 })
-            let routing = events[1]
-            #expect((routing["project"] as? [String: Any])?["glyph"] as? String == "YE")
-            #expect((routing["target"] as? [String: Any])?["name"] as? String == "Board Prep")
-            let route = try #require(routing["route"] as? [String: Any])
-            #expect(route["reason"] as? String == "keywords: agm, agenda; contact: Lisa")
-            #expect(events[0]["project"] == nil)
-            let handoff = try await h.drain("frontdesk.sender.inbox")
-            #expect(handoff.count == 1)
-            #expect(handoff.first?.properties.correlationID == "d-1")
+            try await withHarness("accept") { h in
+                try await h.startRouter()
+                try await h.publish("dispatch.request", #"{"id":"d-1","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","threadId":"t-9","user":"u-42"}"#)
+                let deliveries = try await h.drain(h.statusQueue)
+                #expect(deliveries.map(\.routingKey) == ["status._._.drafted", "status.yemaya.board-prep.routing"])
+                #expect(deliveries.map(\.properties.messageID) == ["d-1/1", "d-1/2"])
+                #expect(deliveries.allSatisfy { $0.properties.type == "frontdesk.status.v1" && $0.properties.correlationID == "d-1" && $0.properties.deliveryMode == 2 })
+                let events = deliveries.map { try! JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                #expect(events.map { $0["seq"] as? Int } == [1, 2])
+                #expect(events.map { $0["step"] as? Int } == [0, 1])
+                #expect(events.allSatisfy { $0["input"] as? String == "Reply to Lisa about the AGM agenda — short, confirm 14:00" })
+                #expect(events.allSatisfy { $0["threadId"] as? String == "t-9" && $0["steps"] as? Int == 3 })
+                let routing = events[1]
+                #expect((routing["project"] as? [String: Any])?["glyph"] as? String == "YE")
+                #expect((routing["target"] as? [String: Any])?["name"] as? String == "Board Prep")
+                let route = try #require(routing["route"] as? [String: Any])
+                #expect(route["reason"] as? String == "keywords: agm, agenda; contact: Lisa")
+                #expect(events[0]["project"] == nil)
+                let handoff = try await h.drain("frontdesk.sender.inbox")
+                #expect(handoff.count == 1)
+                #expect(handoff.first?.properties.correlationID == "d-1")
+            }
         }
 
         @Test func everyDeadLetterCodeWithItsHeaders() async throws {
-            let h = try await RouterHarness("deadletters")
-            defer { Task { await h.stop() } }
-            try await h.startRouter()
-            try await h.publish("dispatch.request", "{not json")
-            try await h.publish("dispatch.request", #"{"input":"no id"}"#)
-            try await h.publish("dispatch.request", #"{"id":"bad#id","input":"x"}"#)
-            try await h.publish("dispatch.request", #"{"id":"has-id","input":""}"#)
-            try await h.publish("dispatch.request", "{\"id\":\"big\",\"input\":\"\(String(repeating: "x", count: 70_000))\"}")
-            try await h.publish("dispatch.request", #"{"id":"v2","input":"x"}"#, type: "frontdesk.dispatch.v2")
-            try await h.publish("dispatch.reroute", #"{"id":"r-1","project":"nope","target":"x"}"#)
-            try await h.publish("dispatch.cancel", #"{"reason":"user"}"#)
-            try await h.publish("something.else", #"{"id":"x"}"#)
-            let dead = try await h.drain("frontdesk.dead")
-            let codes = dead.map { $0.properties.headers?["x-frontdesk-error"]?.stringValue ?? "?" }
-            // Handlers run concurrently: the set of codes counts, not their order.
-            #expect(codes.sorted() == ["invalid_json", "invalid_request", "invalid_request", "invalid_request", "invalid_request",
-                                       "invalid_request", "too_large", "unknown_target", "unsupported_version"])
-            for d in dead {
-                let headers = try #require(d.properties.headers)
-                #expect(headers["x-frontdesk-service"]?.stringValue == "frontdesk-router")
-                #expect(headers["x-frontdesk-routing-key"]?.stringValue == d.routingKey)
-                #expect((headers["x-frontdesk-reason"]?.stringValue ?? "").count > 10)
+            try await withHarness("deadletters") { h in
+                try await h.startRouter()
+                try await h.publish("dispatch.request", "{not json")
+                try await h.publish("dispatch.request", #"{"input":"no id"}"#)
+                try await h.publish("dispatch.request", #"{"id":"bad#id","input":"x"}"#)
+                try await h.publish("dispatch.request", #"{"id":"has-id","input":""}"#)
+                try await h.publish("dispatch.request", "{\"id\":\"big\",\"input\":\"\(String(repeating: "x", count: 70_000))\"}")
+                try await h.publish("dispatch.request", #"{"id":"v2","input":"x"}"#, type: "frontdesk.dispatch.v2")
+                try await h.publish("dispatch.reroute", #"{"id":"r-1","project":"nope","target":"x"}"#)
+                try await h.publish("dispatch.cancel", #"{"reason":"user"}"#)
+                try await h.publish("something.else", #"{"id":"x"}"#)
+                let dead = try await h.drain("frontdesk.dead")
+                let codes = dead.map { $0.properties.headers?["x-frontdesk-error"]?.stringValue ?? "?" }
+                // Handlers run concurrently: the set of codes counts, not their order.
+                #expect(codes.sorted() == ["invalid_json", "invalid_request", "invalid_request", "invalid_request", "invalid_request",
+                                           "invalid_request", "too_large", "unknown_target", "unsupported_version"])
+                for d in dead {
+                    let headers = try #require(d.properties.headers)
+                    #expect(headers["x-frontdesk-service"]?.stringValue == "frontdesk-router")
+                    #expect(headers["x-frontdesk-routing-key"]?.stringValue == d.routingKey)
+                    #expect((headers["x-frontdesk-reason"]?.stringValue ?? "").count > 10)
+                }
+                #expect(dead.contains { $0.body == Data("{not json".utf8) && $0.properties.headers?["x-frontdesk-error"]?.stringValue == "invalid_json" })
+                // Only the invalid request whose id could be read gets an event: failed, seq 1.
+                let events = try await h.events()
+                #expect(events.count == 1)
+                #expect(events.first?["dispatchId"] as? String == "has-id")
+                #expect(events.first?["state"] as? String == "failed")
+                #expect(events.first?["seq"] as? Int == 1)
+                #expect((events.first?["error"] as? [String: Any])?["code"] as? String == "invalid_request")
             }
-            #expect(dead.contains { $0.body == Data("{not json".utf8) && $0.properties.headers?["x-frontdesk-error"]?.stringValue == "invalid_json" })
-            // Only the invalid request whose id could be read gets an event: failed, seq 1.
-            let events = try await h.events()
-            #expect(events.count == 1)
-            #expect(events.first?["dispatchId"] as? String == "has-id")
-            #expect(events.first?["state"] as? String == "failed")
-            #expect(events.first?["seq"] as? Int == 1)
-            #expect((events.first?["error"] as? [String: Any])?["code"] as? String == "invalid_request")
         }
 
         @Test func unknownHintsFailWithoutGuessing() async throws {
-            let h = try await RouterHarness("hints")
-            defer { Task { await h.stop() } }
-            try await h.startRouter()
-            try await h.publish("dispatch.request", #"{"id":"h-1","input":"the agm agenda","project":"acme","target":"nope"}"#)
-            let events = try await h.events()
-            #expect(events.map { $0["state"] as? String } == ["drafted", "failed"])
-            #expect((events.last?["error"] as? [String: Any])?["code"] as? String == "unknown_target")
+            try await withHarness("hints") { h in
+                try await h.startRouter()
+                try await h.publish("dispatch.request", #"{"id":"h-1","input":"the agm agenda","project":"acme","target":"nope"}"#)
+                let events = try await h.events()
+                #expect(events.map { $0["state"] as? String } == ["drafted", "failed"])
+                #expect((events.last?["error"] as? [String: Any])?["code"] as? String == "unknown_target")
+            }
         }
 
         @Test func duplicateAcrossARouterRestartMakesNoNewEvent() async throws {
-            let h = try await RouterHarness("restart")
-            defer { Task { await h.stop() } }
-            let first = try await h.startRouter()
-            try await h.publish("dispatch.request", #"{"id":"same","input":"the contract"}"#)
-            #expect(try await h.events().count == 2)
-            first.terminate()
-            first.waitUntilExit()
-            #expect(first.terminationStatus == 0)
-            try await h.startRouter()
-            try await h.publish("dispatch.request", #"{"id":"same","input":"the contract"}"#)
-            try await h.publish("dispatch.request", #"{"id":"same","input":"a corrected request reusing the id"}"#)
-            try await h.publish("dispatch.request", #"{"id":"other","input":"the contract"}"#)
-            let events = try await h.events()
-            #expect(events.map { $0["dispatchId"] as? String } == ["other", "other"])
+            try await withHarness("restart") { h in
+                let first = try await h.startRouter()
+                try await h.publish("dispatch.request", #"{"id":"same","input":"the contract"}"#)
+                #expect(try await h.events().count == 2)
+                first.terminate()
+                first.waitUntilExit()
+                #expect(first.terminationStatus == 0)
+                try await h.startRouter()
+                try await h.publish("dispatch.request", #"{"id":"same","input":"the contract"}"#)
+                try await h.publish("dispatch.request", #"{"id":"same","input":"a corrected request reusing the id"}"#)
+                try await h.publish("dispatch.request", #"{"id":"other","input":"the contract"}"#)
+                let events = try await h.events()
+                #expect(events.map { $0["dispatchId"] as? String } == ["other", "other"])
+            }
         }
 
         @Test func twoReplicasAndAKillInTheMiddleOfABurst() async throws {
-            let h = try await RouterHarness("replicas")
-            defer { Task { await h.stop() } }
-            let a = try await h.startRouter()
-            try await h.startRouter()
-            // Every id twice, while one replica is killed -9 and a new one starts.
-            let ids = (0..<300).map { "burst-\($0)" }
-            for (i, id) in ids.enumerated() {
-                try await h.publish("dispatch.request", #"{"id":"\#(id)","input":"the agm agenda \#(i)"}"#)
-                try await h.publish("dispatch.request", #"{"id":"\#(id)","input":"the agm agenda \#(i)"}"#)
-                if i == 100 { kill(a.processIdentifier, SIGKILL) }
-                if i == 150 { try await h.startRouter() }
-            }
-            let deliveries = try await h.drain(h.statusQueue, quiet: .seconds(3))
-            var byID: [String: [String: Data]] = [:]  // id → message_id → body
-            for d in deliveries {
-                let id = d.properties.correlationID ?? "?"
-                let mid = d.properties.messageID ?? "?"
-                if let seen = byID[id]?[mid] {
-                    #expect(seen == d.body, "a second, different event \(mid)")
+            try await withHarness("replicas") { h in
+                let a = try await h.startRouter()
+                try await h.startRouter()
+                // Every id twice, while one replica is killed -9 and a new one starts.
+                let ids = (0..<300).map { "burst-\($0)" }
+                for (i, id) in ids.enumerated() {
+                    try await h.publish("dispatch.request", #"{"id":"\#(id)","input":"the agm agenda \#(i)"}"#)
+                    try await h.publish("dispatch.request", #"{"id":"\#(id)","input":"the agm agenda \#(i)"}"#)
+                    if i == 100 { kill(a.processIdentifier, SIGKILL) }
+                    if i == 150 { try await h.startRouter() }
                 }
-                byID[id, default: [:]][mid] = d.body
+                let deliveries = try await h.drain(h.statusQueue, quiet: .seconds(3))
+                var byID: [String: [String: Data]] = [:]  // id → message_id → body
+                for d in deliveries {
+                    let id = d.properties.correlationID ?? "?"
+                    let mid = d.properties.messageID ?? "?"
+                    if let seen = byID[id]?[mid] {
+                        #expect(seen == d.body, "a second, different event \(mid)")
+                    }
+                    byID[id, default: [:]][mid] = d.body
+                }
+                // Exactly one history per id: drafted (seq 1) and routing (seq 2), however often re-sent.
+                #expect(Set(byID.keys) == Set(ids))
+                for id in ids { #expect(Set(byID[id]?.keys ?? [:].keys) == ["\(id)/1", "\(id)/2"]) }
+                let handoffs = try await h.drain("frontdesk.sender.inbox")
+                #expect(Set(handoffs.compactMap(\.properties.correlationID)) == Set(ids))
             }
-            // Exactly one history per id: drafted (seq 1) and routing (seq 2), however often re-sent.
-            #expect(Set(byID.keys) == Set(ids))
-            for id in ids { #expect(Set(byID[id]?.keys ?? [:].keys) == ["\(id)/1", "\(id)/2"]) }
-            let handoffs = try await h.drain("frontdesk.sender.inbox")
-            #expect(Set(handoffs.compactMap(\.properties.correlationID)) == Set(ids))
         }
     }
 }
