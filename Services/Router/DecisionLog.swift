@@ -13,10 +13,12 @@ import Synchronization
 final class DecisionLog: Sendable {
     struct Entry: Sendable {
         let id: String
-        /// Who appended it: unique per append.
-        let token: String
+        /// When it was written (seconds since 1970): it counts for the lifetime window from then.
+        let writtenAt: UInt64
         /// The record as written; decoded only when a redelivery needs it.
         let body: Data
+        /// Who appended it: unique per append.
+        let token: String
 
         var record: DispatchRecord? { try? JSONDecoder().decode(DispatchRecord.self, from: body) }
     }
@@ -48,9 +50,12 @@ final class DecisionLog: Sendable {
         let deliveries = await client.consume(ConsumerSpecification(
             queue: RouterTopology.decisionLog, prefetchCount: 2000, arguments: ["x-stream-offset": "first"]))
         let sweeper = Task {
+            var turns = 0
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(500))
                 failOverdue()
+                turns += 1
+                if turns % 120 == 0 { pruneExpired() }  // once a minute
             }
         }
         // A stream consumer's acks are credit: give it back 100 records at a time.
@@ -65,6 +70,17 @@ final class DecisionLog: Sendable {
         }
         sweeper.cancel()
     }
+
+    /// Forgets ids whose window has passed, so memory follows the window,
+    /// not the stream's whole history.
+    func pruneExpired(now: UInt64 = UInt64(Date().timeIntervalSince1970)) {
+        let window = UInt64(windowSeconds)
+        state.withLock { s in
+            s.first = s.first.filter { now <= $0.value.writtenAt + window }
+        }
+    }
+
+    var count: Int { state.withLock { $0.first.count } }
 
     private func failOverdue() {
         let now = ContinuousClock.now
@@ -85,7 +101,7 @@ final class DecisionLog: Sendable {
     /// message_id, timestamp), so following the log decodes no JSON.
     func ingest(_ delivery: AMQPDelivery) {
         guard let token = delivery.properties.messageID, let id = delivery.properties.correlationID else { return }
-        let entry = Entry(id: id, token: token, body: delivery.body)
+        let entry = Entry(id: id, writtenAt: delivery.properties.timestamp ?? 0, body: delivery.body, token: token)
         let now = UInt64(Date().timeIntervalSince1970)
         let waiter = state.withLock { s -> (CheckedContinuation<Entry, Error>, Entry)? in
             if let written = delivery.properties.timestamp, now > written + UInt64(windowSeconds) {
