@@ -1,0 +1,52 @@
+import Foundation
+
+/// A reply from an agent (CONTRACT.md, Agent protocol), validated.
+public struct AgentReply: Sendable, Equatable {
+    public enum Kind: String, Sendable { case accepted, progress, final, error }
+
+    public var dispatchId: String
+    public var attempt: Int
+    public var kind: Kind
+    /// The whole reply so far, not a delta.
+    public var text: String?
+    public var activity: String?
+    public var etaMs: Int?
+    public var error: StatusEvent.ErrorInfo?
+    public var retryable: Bool
+
+    public init(
+        dispatchId: String, attempt: Int, kind: Kind, text: String? = nil, activity: String? = nil,
+        etaMs: Int? = nil, error: StatusEvent.ErrorInfo? = nil, retryable: Bool = false
+    ) {
+        self.dispatchId = dispatchId
+        self.attempt = attempt
+        self.kind = kind
+        self.text = text
+        self.activity = activity
+        self.etaMs = etaMs
+        self.error = error
+        self.retryable = retryable
+    }
+
+    /// Parses a reply body; nil for anything that is not one.
+    public static func parse(_ body: Data) -> AgentReply? {
+        guard let o = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any],
+            let id = o["dispatchId"] as? String, Identifiers.isValidDispatchID(id),
+            let attempt = (o["attempt"] as? NSNumber)?.intValue, attempt >= 1,
+            let kindText = o["kind"] as? String, let kind = Kind(rawValue: kindText)
+        else { return nil }
+        var error: StatusEvent.ErrorInfo? = nil
+        if let e = o["error"] as? [String: Any] {
+            error = .init(code: (e["code"] as? String) ?? "agent_error", message: (e["message"] as? String) ?? "")
+        }
+        let eta = (o["etaMs"] as? NSNumber)?.intValue
+        return AgentReply(
+            dispatchId: id, attempt: attempt, kind: kind, text: o["text"] as? String, activity: o["activity"] as? String,
+            etaMs: eta.flatMap { $0 >= 0 ? $0 : nil }, error: error, retryable: (o["retryable"] as? Bool) ?? false)
+    }
+
+    /// The last ≤ 3 non-empty lines of a reply, for the preview.
+    public static func preview(of text: String) -> [String] {
+        Array(text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }.suffix(3))
+    }
+}

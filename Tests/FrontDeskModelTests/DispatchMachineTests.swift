@@ -1,0 +1,233 @@
+import Foundation
+@testable import FrontDeskModel
+import Testing
+
+/// A manual clock: seconds after the dispatch started.
+func at(_ seconds: Double) -> Date { Date(timeIntervalSince1970: 1_778_665_260 + seconds) }
+
+func routedRecord(lifetime: Double = 14_400) -> DispatchRecord {
+    DispatchRecord(
+        id: "d-1", bodyFingerprint: "f", outcome: .routed, input: "Reply to Lisa about the AGM agenda — short, confirm 14:00",
+        user: "u-42", threadId: "t-9",
+        project: .init(id: "yemaya", name: "Yemaya", glyph: "YE", accent: "#6E56CF"), target: .init(id: "board-prep", name: "Board Prep"),
+        route: .init(confidence: 0.82, reason: "keywords: agm, agenda; contact: Lisa", alternatives: []), invalid: false,
+        startedAt: RFC3339.format(at(0)), decidedAt: RFC3339.format(at(0.01)), expiresAt: RFC3339.format(at(lifetime)), lastSeq: 2)
+}
+
+extension [DispatchMachine.Action] {
+    var events: [StatusEvent] { compactMap { if case .publish(let e) = $0 { e } else { nil } } }
+    var states: [DispatchState] { events.map(\.state) }
+    var timer: Date?? { for a in self.reversed() { if case .setTimer(let d) = a { return d } }; return nil }
+}
+
+func reply(_ kind: AgentReply.Kind, attempt: Int = 1, text: String? = nil, activity: String? = nil, eta: Int? = nil, retryable: Bool = false) -> AgentReply {
+    AgentReply(dispatchId: "d-1", attempt: attempt, kind: kind, text: text, activity: activity, etaMs: eta,
+               error: kind == .error ? .init(code: "busy", message: "agent busy") : nil, retryable: retryable)
+}
+
+@Suite("Dispatch state machine")
+struct DispatchMachineTests {
+    let policy = RetryPolicy(baseMs: 1000, maxMs: 60_000, maxAttempts: 3, replyTimeoutSeconds: 600)
+
+    func machine(lifetime: Double = 14_400) -> DispatchMachine {
+        DispatchMachine(record: routedRecord(lifetime: lifetime), policy: policy)!
+    }
+
+    @Test func offlineTargetQueuesThenDeliversWhenAnAgentComes() {
+        var m = machine()
+        let queued = m.received(now: at(1), targetOnline: false)
+        #expect(queued.first == .park)
+        let q = queued.events[0]
+        #expect(q.state == .queued && q.seq == 3 && q.step == 1 && q.attempt == 1)
+        #expect(q.queue == .init(reason: "agent_offline") && q.etaMs == nil && q.preview == nil)
+        #expect(q.activity == "Queued — will dispatch on reconnect")
+        #expect(q.project?.id == "yemaya" && q.input == routedRecord().input && q.routingKey == "status.yemaya.board-prep.queued")
+        let sent = m.agentCameOnline(now: at(30))
+        #expect(sent.first == .deliver(attempt: 1))
+        #expect(sent.states == [.sending])
+        #expect(sent.events[0].seq == 4 && sent.events[0].step == 2 && sent.events[0].elapsedMs == 30_000)
+        #expect(sent.timer == .some(at(630)))  // the reply timeout
+    }
+
+    @Test func repliesStreamIntoSendingThenReplied() {
+        var m = machine()
+        #expect(m.received(now: at(1), targetOnline: true).first == .deliver(attempt: 1))
+        let progress = m.replyReceived(reply(.progress, text: "Hi Lisa, confirmed for 14:00 on Thursday.\n\nThe agenda", activity: "Drafting reply", eta: 2000), now: at(4), jitter: 0)
+        let p = progress.events[0]
+        #expect(p.state == .sending && p.activity == "Drafting reply" && p.etaMs == 2000)
+        #expect(p.preview == ["Hi Lisa, confirmed for 14:00 on Thursday.", "The agenda"])
+        let noEta = m.replyReceived(reply(.progress, text: "a\nb\nc\nd"), now: at(5), jitter: 0).events[0]
+        #expect(noEta.etaMs == nil && noEta.preview == ["b", "c", "d"] && noEta.activity == "Drafting reply")
+        let final = m.replyReceived(reply(.final, text: "Hi Lisa,\nconfirmed."), now: at(6), jitter: 0)
+        #expect(final.states == [.replied])
+        #expect(final.events[0].reply == "Hi Lisa,\nconfirmed." && final.events[0].step == 3 && final.events[0].etaMs == nil)
+        #expect(final.contains(.finish))
+        #expect(m.replyReceived(reply(.progress, text: "late"), now: at(7), jitter: 0).isEmpty)
+        #expect(m.cancelRequested(reason: "user", now: at(8)).isEmpty)
+    }
+
+    @Test func repliesForAnotherAttemptAreIgnored() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        #expect(m.replyReceived(reply(.final, attempt: 2, text: "x"), now: at(2), jitter: 0).isEmpty)
+        _ = m.agentWentOffline(now: at(3))
+        #expect(m.attempt == 2)
+        #expect(m.replyReceived(reply(.final, attempt: 1, text: "stale"), now: at(4), jitter: 0).isEmpty)
+        #expect(m.agentCameOnline(now: at(5)).first == .deliver(attempt: 2))
+        #expect(m.replyReceived(reply(.final, attempt: 2, text: "ok"), now: at(6), jitter: 0).states == [.replied])
+    }
+
+    @Test func agentThatDisappearsPutsTheDispatchBackInQueued() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        _ = m.replyReceived(reply(.progress, text: "half", eta: 900), now: at(2), jitter: 0)
+        let back = m.agentWentOffline(now: at(3))
+        #expect(back.first == .park)
+        #expect(back.events[0].state == .queued && back.events[0].queue?.reason == "agent_offline")
+        #expect(back.events[0].attempt == 2 && back.events[0].step == 2 && back.events[0].etaMs == nil && back.events[0].preview == nil)
+    }
+
+    @Test(arguments: [(0.0, 500), (0.5, 750), (0.999_999, 999)])
+    func retryableErrorWaitsWithJitterThenRetries(_ jitter: Double, _ delayMs: Int) {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        let wait = m.replyReceived(reply(.error, retryable: true), now: at(10), jitter: jitter)
+        let q = wait.events[0]
+        let retryAt = at(10).addingTimeInterval(Double(delayMs) / 1000)
+        #expect(q.state == .queued && q.queue == .init(reason: "retry_wait", retryAt: RFC3339.format(retryAt)))
+        #expect(q.attempt == 2)
+        #expect(wait.timer == .some(retryAt))
+        // Not before retryAt: an early timer only re-arms.
+        let early = m.timerFired(now: retryAt.addingTimeInterval(-0.001), targetOnline: true, jitter: 0)
+        #expect(early == [.setTimer(retryAt)])
+        let retry = m.timerFired(now: retryAt, targetOnline: true, jitter: 0)
+        #expect(retry.first == .deliver(attempt: 2))
+        #expect(retry.states == [.sending])
+    }
+
+    @Test func retryDueWhileOfflineBecomesAgentOffline() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        _ = m.replyReceived(reply(.error, retryable: true), now: at(2), jitter: 0)
+        let later = m.timerFired(now: at(3), targetOnline: false, jitter: 0)
+        #expect(later.first == .park)
+        #expect(later.events.map { $0.queue?.reason } == ["agent_offline"])
+        #expect(m.agentCameOnline(now: at(9)).first == .deliver(attempt: 2))
+    }
+
+    @Test func retriesRunOutAfterMaxAttempts() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        var now = 1.0
+        for attempt in 1...3 {
+            now += 1
+            let out = m.replyReceived(reply(.error, attempt: attempt, retryable: true), now: at(now), jitter: 0)
+            if attempt < 3 {
+                #expect(out.states == [.queued])
+                now += 10
+                #expect(m.timerFired(now: at(now), targetOnline: true, jitter: 0).first == .deliver(attempt: attempt + 1))
+            } else {
+                #expect(out.states == [.failed])
+                #expect(out.events[0].error?.code == "retries_exhausted")
+                #expect(out.contains(.finish))
+            }
+        }
+    }
+
+    @Test func nonRetryableErrorFails() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        let out = m.replyReceived(reply(.error, retryable: false), now: at(2), jitter: 0)
+        #expect(out.states == [.failed] && out.events[0].error?.code == "agent_error" && out.events[0].step == 2)
+    }
+
+    @Test func replyTimeoutRetries() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        let out = m.timerFired(now: at(601), targetOnline: true, jitter: 0)
+        #expect(out.states == [.queued] && out.events[0].queue?.reason == "retry_wait")
+    }
+
+    @Test(arguments: ["parked", "inFlight", "retryWait"])
+    func expiresFromEveryWaitingPhase(_ phase: String) {
+        var m = machine(lifetime: 100)
+        switch phase {
+        case "parked": _ = m.received(now: at(1), targetOnline: false)
+        case "inFlight": _ = m.received(now: at(1), targetOnline: true)
+        default:
+            _ = m.received(now: at(1), targetOnline: true)
+            _ = m.replyReceived(reply(.error, retryable: true), now: at(99.9), jitter: 0.9)
+        }
+        let out = m.timerFired(now: at(100), targetOnline: false, jitter: 0)
+        #expect(out.states == [.failed] && out.events[0].error?.code == "expired")
+        #expect(m.isFinished)
+    }
+
+    @Test func arrivingAfterItsLifetimeFailsAtOnce() {
+        var m = machine(lifetime: 10)
+        #expect(m.received(now: at(11), targetOnline: true).states == [.failed])
+    }
+
+    @Test(arguments: [false, true])
+    func cancelEndsAnyWaitingDispatch(_ delivered: Bool) {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: delivered)
+        let out = m.cancelRequested(reason: "user", now: at(2))
+        #expect(out.states == [.cancelled] && out.events[0].cancel == .init(reason: "user"))
+        #expect(out.events[0].step == (delivered ? 2 : 1))
+        #expect(out.contains(.setTimer(nil)) && out.contains(.finish))
+        #expect(m.agentCameOnline(now: at(3)).isEmpty)
+        #expect(m.timerFired(now: at(20_000), targetOnline: true, jitter: 0).isEmpty)
+    }
+
+    @Test func rerouteMovesOnlyANeverDeliveredDispatch() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: false)
+        guard case .moved(let out) = m.rerouteRequested(
+            project: .init(id: "acme", name: "Acme Corp", glyph: "AC"), target: .init(id: "legal", name: "Legal"), now: at(2), targetOnline: false)
+        else {
+            Issue.record("refused")
+            return
+        }
+        #expect(out.states == [.queued] && out.events[0].routingKey == "status.acme.legal.queued")
+        #expect(m.agentCameOnline(now: at(3)).first == .deliver(attempt: 1))
+        #expect(m.route.description == "acme/legal")
+        #expect(m.rerouteRequested(project: .init(id: "yemaya", name: "Yemaya", glyph: "YE"), target: .init(id: "board-prep", name: "Board Prep"), now: at(4), targetOnline: true) == .refused)
+    }
+
+    @Test func seqOnlyGrowsAndExactlyOneTerminal() {
+        var m = DispatchMachine(record: routedRecord(), policy: policy, seqFloor: 40)!
+        var all: [StatusEvent] = []
+        all += m.received(now: at(1), targetOnline: false).events
+        all += m.agentCameOnline(now: at(2)).events
+        all += m.replyReceived(reply(.accepted), now: at(3), jitter: 0).events
+        all += m.agentWentOffline(now: at(4)).events
+        all += m.agentCameOnline(now: at(5)).events
+        all += m.replyReceived(reply(.error, attempt: 2, retryable: true), now: at(6), jitter: 0.3).events
+        all += m.timerFired(now: at(60), targetOnline: true, jitter: 0).events
+        all += m.replyReceived(reply(.final, attempt: 3, text: "done"), now: at(61), jitter: 0).events
+        all += m.cancelRequested(reason: "late", now: at(62)).events
+        #expect(all.first?.seq == 41)
+        #expect(zip(all, all.dropFirst()).allSatisfy { $0.seq < $1.seq })
+        #expect(all.filter { $0.state.isTerminal }.count == 1)
+        #expect(all.last?.state == .replied)
+        #expect(Set(all.map(\.messageID)).count == all.count)
+    }
+
+    @Test(arguments: [(1, 1000), (2, 2000), (3, 4000), (7, 60_000), (30, 60_000)])
+    func retryDelaysDoubleUpToTheCapAndJitterOnlyShortens(_ attempt: Int, _ ceiling: Int) {
+        let p = RetryPolicy(baseMs: 1000, maxMs: 60_000)
+        #expect(p.delayMs(afterAttempt: attempt, unit: 0.999_999_999_9) == ceiling - 1 || p.delayMs(afterAttempt: attempt, unit: 0.999_999_999_9) == ceiling)
+        #expect(p.delayMs(afterAttempt: attempt, unit: 0) == (ceiling + 1) / 2)
+    }
+
+    @Test func repliesParse() {
+        let r = AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":2,"kind":"error","error":{"code":"busy","message":"m"},"retryable":true}"#.utf8))
+        #expect(r == AgentReply(dispatchId: "d-1", attempt: 2, kind: .error, error: .init(code: "busy", message: "m"), retryable: true))
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"progress","text":"a","etaMs":2000}"#.utf8))?.etaMs == 2000)
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d#1","attempt":1,"kind":"final"}"#.utf8)) == nil)
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":0,"kind":"final"}"#.utf8)) == nil)
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"maybe"}"#.utf8)) == nil)
+        #expect(AgentReply.parse(Data("nope".utf8)) == nil)
+    }
+}
