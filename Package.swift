@@ -34,7 +34,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "frontdesk-sender",
-            dependencies: ["AMQP", "ServiceKit"],
+            dependencies: ["AMQP", "ServiceKit", "FrontDeskModel"],
             path: "Services/Sender"
         ),
 

@@ -1,21 +1,36 @@
 import AMQP
 import Foundation
+import FrontDeskModel
 import ServiceKit
 
 // frontdesk-sender: delivers dispatches to agents, watches presence, queues,
 // retries, cancels, reroutes and expires them (CONTRACT.md).
-// This shell wires the service kit; delivery comes with their own change.
 
 let configuration = ServiceBootstrap.configurationOrExit(
     service: "frontdesk-sender",
     summary: "delivers Front Desk dispatches to agents",
     defaultHTTPPort: 9102)
-let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
-    try await SharedTopology.declare(on: channel)
+let table: RoutingTable
+do {
+    table = try RoutingTable.load(path: configuration.routesPath)
+} catch {
+    FileHandle.standardError.write(Data("frontdesk-sender: \(error.message)\n".utf8))
+    exit(2)
 }
-let probes = bootstrap.startProbes()
-bootstrap.logger.info("starting", [("broker", .string("\(configuration.amqp.url)"))])
-let status = await ServiceLifecycle.run([AMQPClientService(client: bootstrap.client)], logger: bootstrap.logger)
+let logger = Logger(service: configuration.service, level: configuration.logLevel)
+let registry = MetricsRegistry()
+let service = SenderService(configuration: configuration, table: table, logger: logger, metrics: SenderMetrics(registry))
+var probes: HTTPServer? = nil
+if configuration.httpPort != 0 {
+    do {
+        probes = try HTTPServer(port: configuration.httpPort, handler: ProbeRoutes.handler(isReady: { service.isReady }, metrics: registry))
+    } catch {
+        logger.error("cannot serve probes", [("error", .string("\(error)"))])
+        exit(1)
+    }
+}
+logger.info("starting", [("broker", .string("\(configuration.amqp.url)")), ("targets", .int(table.routes.count))])
+let status = await ServiceLifecycle.run([service], logger: logger)
 probes?.stop()
-bootstrap.logger.info("stopped", [("status", .int(Int(status)))])
+logger.info("stopped", [("status", .int(Int(status)))])
 exit(status)

@@ -86,6 +86,19 @@ public struct DispatchMachine: Sendable {
 
     public var isFinished: Bool { if case .finished = phase { true } else { false } }
 
+    var stepReachedValue: Int { stepReached }
+
+    /// When the dispatch's lifetime ends.
+    public var expiresAtDate: Date { expiresAt }
+
+    mutating func restore(project: StatusEvent.Project, target: StatusEvent.Target, attempt: Int, everDelivered: Bool, stepReached: Int) {
+        self.project = project
+        self.target = target
+        self.attempt = attempt
+        self.everDelivered = everDelivered
+        self.stepReached = stepReached
+    }
+
     public var route: RoutingTable.Route { .init(project: project.id, target: target.id) }
 
     // MARK: Inputs

@@ -20,13 +20,13 @@ public enum RouterDecision {
         }
         switch resolver.resolve(input: request.input, projectHint: request.project, targetHint: request.target) {
         case .success(let resolution):
-            guard let (p, t) = resolver.table.target(resolution.route) else {
+            guard let parts = resolver.table.eventParts(resolution.route) else {
                 record.outcome = .failed
                 record.error = .init(code: "no_route", message: "the resolved route is not in the table")
                 return record
             }
-            record.project = .init(id: p.id, name: p.name, glyph: p.glyph, accent: p.accent)
-            record.target = .init(id: t.id, name: t.name)
+            record.project = parts.project
+            record.target = parts.target
             record.route = .init(
                 confidence: resolution.confidence, reason: resolution.reason,
                 alternatives: resolution.alternatives.map {

@@ -38,6 +38,12 @@ public struct RoutingTable: Sendable, Equatable {
         return (p, t)
     }
 
+    /// The project and target of a route as status events show them.
+    public func eventParts(_ route: Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)? {
+        guard let (p, t) = target(route) else { return nil }
+        return (StatusEvent.Project(id: p.id, name: p.name, glyph: p.glyph, accent: p.accent), StatusEvent.Target(id: t.id, name: t.name))
+    }
+
     /// Every route of the table, in table order.
     public var routes: [Route] {
         projects.flatMap { p in p.targets.map { Route(project: p.id, target: $0.id) } }

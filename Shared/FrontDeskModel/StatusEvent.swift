@@ -24,10 +24,20 @@ public struct StatusEvent: Sendable, Codable, Equatable {
     public struct Project: Sendable, Codable, Equatable {
         public var id: String, name: String, glyph: String
         public var accent: String?
+        public init(id: String, name: String, glyph: String, accent: String? = nil) {
+            self.id = id
+            self.name = name
+            self.glyph = glyph
+            self.accent = accent
+        }
     }
 
     public struct Target: Sendable, Codable, Equatable {
         public var id: String, name: String
+        public init(id: String, name: String) {
+            self.id = id
+            self.name = name
+        }
     }
 
     public struct Route: Sendable, Codable, Equatable {

@@ -46,8 +46,18 @@ final class RouterHarness: @unchecked Sendable {
     /// Starts a router replica and waits until it answers /readyz.
     @discardableResult
     func startRouter(extraEnvironment: [String: String] = [:]) async throws -> Process {
+        try await start("frontdesk-router", extraEnvironment: extraEnvironment)
+    }
+
+    /// Starts a sender replica and waits until it answers /readyz.
+    @discardableResult
+    func startSender(extraEnvironment: [String: String] = [:]) async throws -> Process {
+        try await start("frontdesk-sender", extraEnvironment: extraEnvironment)
+    }
+
+    func start(_ executable: String, extraEnvironment: [String: String]) async throws -> Process {
         let p = Process()
-        p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent("frontdesk-router")
+        p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent(executable)
         let port = 20000 + Int.random(in: 0..<20000)
         var env = ProcessInfo.processInfo.environment
         env["AMQP_URL"] = "amqp://guest:guest@\(url.host):\(url.port)/\(vhost)"
@@ -67,7 +77,7 @@ final class RouterHarness: @unchecked Sendable {
             if (try? await probe(port: port, path: "/readyz")) == 200 { return p }
             try await Task.sleep(for: .milliseconds(100))
         }
-        throw AMQPError(.timeout, "the router did not become ready")
+        throw AMQPError(.timeout, "\(executable) did not become ready")
     }
 
     func probe(port: Int, path: String) async throws -> Int {

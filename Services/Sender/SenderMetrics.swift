@@ -1,0 +1,22 @@
+import ServiceKit
+
+/// The sender's figures on /metrics.
+struct SenderMetrics: Sendable {
+    let dispatches: Counter
+    let events: Counter
+    let deliveries: Counter
+    let retries: Counter
+    let commands: Counter
+    let parked: Gauge
+    let leader: Gauge
+
+    init(_ registry: MetricsRegistry) {
+        dispatches = registry.counter("frontdesk_sender_dispatches_total", "dispatches received and finished, by state", labels: ["state"])
+        events = registry.counter("frontdesk_sender_events_total", "status events published, by state", labels: ["state"])
+        deliveries = registry.counter("frontdesk_sender_deliveries_total", "tasks delivered to agents")
+        retries = registry.counter("frontdesk_sender_retries_total", "retries, by reason", labels: ["reason"])
+        commands = registry.counter("frontdesk_sender_commands_total", "cancels and reroutes applied", labels: ["kind"])
+        parked = registry.gauge("frontdesk_sender_parked", "dispatches parked, per target", labels: ["target"])
+        leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads")
+    }
+}

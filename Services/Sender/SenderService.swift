@@ -1,0 +1,116 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+import ServiceKit
+import Synchronization
+
+/// Runs terms of leadership, one after another: connect, declare, become
+/// the leader (an exclusive consumer on `frontdesk.sender.leader`: the
+/// broker allows one at a time and drops it with its connection), replay
+/// the remembered commands, then run a `SenderTerm` until the connection
+/// fails. Standby replicas retry the exclusive consume every second.
+final class SenderService: Service {
+    let configuration: ServiceConfiguration
+    let table: RoutingTable
+    let logger: Logger
+    let metrics: SenderMetrics
+    private let state = Mutex<(stopping: Bool, connection: AMQPConnection?, ready: Bool)>((false, nil, false))
+
+    init(configuration: ServiceConfiguration, table: RoutingTable, logger: Logger, metrics: SenderMetrics) {
+        self.configuration = configuration
+        self.table = table
+        self.logger = logger
+        self.metrics = metrics
+    }
+
+    var isReady: Bool { state.withLock { $0.ready } }
+    private var stopping: Bool { state.withLock { $0.stopping } }
+
+    func shutdown() async {
+        let connection = state.withLock { s -> AMQPConnection? in
+            s.stopping = true
+            return s.connection
+        }
+        await connection?.close()
+    }
+
+    func run() async throws {
+        let backoff = Backoff(baseMs: 200, maxMs: 5000)
+        var failures = 0
+        while !stopping {
+            do {
+                try await term()
+                failures = 0
+            } catch {
+                failures += 1
+                if !stopping {
+                    logger.warning("sender term ended; reconnecting", [("error", .string("\(error)"))])
+                }
+            }
+            state.withLock { s in
+                s.connection = nil
+                s.ready = false
+            }
+            metrics.leader.set(0)
+            if !stopping { try? await Task.sleep(for: .milliseconds(backoff.delayMs(afterAttempt: max(1, failures)))) }
+        }
+    }
+
+    private func term() async throws {
+        let connection = try await AMQPConnection.connect(configuration.amqp)
+        let proceed = state.withLock { s -> Bool in
+            s.connection = connection
+            return !s.stopping
+        }
+        defer { Task { await connection.close() } }
+        guard proceed else { return }
+        try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table) }
+        state.withLock { $0.ready = true }
+        logger.info("connected; waiting to lead", [("broker", .string("\(configuration.amqp.url)"))])
+        // Leadership: retry the exclusive consume until it is granted.
+        while true {
+            if stopping || !connection.isOpen { return }
+            let channel = try await connection.openChannel()
+            do {
+                _ = try await channel.consume(queue: SenderTopology.leader, exclusive: true)
+                break
+            } catch let error as AMQPError where error.code == .channelClosed {
+                try await Task.sleep(for: .seconds(1))
+            }
+        }
+        metrics.leader.set(1)
+        logger.info("leading")
+        let publisher = try await connection.openChannel()
+        try await publisher.confirmSelect()
+        let replayed = try await replayCommands(connection, publisher)
+        let term = SenderTerm(
+            connection: connection, publisher: publisher, table: table,
+            policy: RetryPolicy(
+                baseMs: configuration.retry.baseMs, maxMs: configuration.retry.maxMs,
+                maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds),
+            logger: logger, metrics: metrics)
+        try await term.run(replayedCommands: replayed)
+    }
+
+    /// Reads the commands stream to its end (marked by a message of our own).
+    private func replayCommands(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> [AMQPDelivery] {
+        let channel = try await connection.openChannel()
+        defer { Task { await channel.close() } }
+        try await channel.qos(prefetchCount: 1000)
+        let consumer = try await channel.consume(queue: SenderTopology.commands, arguments: ["x-stream-offset": "first"])
+        let marker = "marker-\(UUID().uuidString)"
+        try await publisher.publish(OutboundMessage(
+            exchange: "", routingKey: SenderTopology.commands, body: Data(),
+            properties: AMQPProperties(messageID: marker, type: "frontdesk.sender.marker.v1")))
+        var commands: [AMQPDelivery] = []
+        let window = UInt64(configuration.lifetimeSeconds)
+        let now = UInt64(Date().timeIntervalSince1970)
+        for try await d in consumer {
+            try? d.ack()
+            if d.properties.messageID == marker { break }
+            if let written = d.properties.timestamp, now > written + window { continue }
+            if d.properties.type != "frontdesk.sender.marker.v1" { commands.append(d) }
+        }
+        return commands
+    }
+}

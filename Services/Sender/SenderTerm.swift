@@ -1,0 +1,346 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+import ServiceKit
+
+/// One term of leadership: it lives as long as its connection. Every input
+/// (hand-off, parked dispatch, reply, timer, presence change, command) goes
+/// through one serial loop, so each dispatch's machine sees one input at a
+/// time. Any broker failure ends the term: the connection closes, the broker
+/// hands every lease (unacked message) back, and the next leader resumes.
+final class SenderTerm {
+    enum Input: Sendable {
+        case inbox(AMQPDelivery)
+        case parked(AMQPDelivery, RoutingTable.Route)
+        case reply(AMQPDelivery)
+        case expired(AMQPDelivery)
+        case timer(String, Int)
+        case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
+    }
+
+    /// A dispatch this term holds: its machine, the unacked message that
+    /// keeps it durable (inbox or park), and its timer.
+    struct Held {
+        var machine: DispatchMachine
+        let lease: AMQPDelivery
+        var timer: Task<Void, Never>?
+        var timerGeneration = 0
+    }
+
+    let connection: AMQPConnection
+    let publisher: AMQPChannel
+    let table: RoutingTable
+    let policy: RetryPolicy
+    let logger: Logger
+    let metrics: SenderMetrics
+    let inputs: AsyncStream<Input>
+    let feed: AsyncStream<Input>.Continuation
+
+    var held: [String: Held] = [:]
+    var pendingCancels: [String: String] = [:]
+    var pendingReroutes: [String: RoutingTable.Route] = [:]
+    var presence: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
+    var parkConsumers: [RoutingTable.Route: AMQPConsumer] = [:]
+    var forwarders: [Task<Void, Never>] = []
+
+    init(connection: AMQPConnection, publisher: AMQPChannel, table: RoutingTable, policy: RetryPolicy, logger: Logger, metrics: SenderMetrics) {
+        self.connection = connection
+        self.publisher = publisher
+        self.table = table
+        self.policy = policy
+        self.logger = logger
+        self.metrics = metrics
+        (inputs, feed) = AsyncStream<Input>.makeStream()
+    }
+
+    func online(_ r: RoutingTable.Route) -> Bool { (presence[r]?.consumers ?? 0) > 0 }
+
+    /// Runs the term until its connection fails or `stop` is set.
+    func run(replayedCommands: [AMQPDelivery]) async throws {
+        for c in replayedCommands { try await remember(c) }
+        try await forward(queue: SenderTopology.inbox, prefetch: 500) { .inbox($0) }
+        try await forward(queue: SenderTopology.replies, prefetch: 500) { .reply($0) }
+        try await forward(queue: SenderTopology.expired, prefetch: 100) { .expired($0) }
+        forwarders.append(Task { [feed, connection, table] in
+            await SenderTerm.pollPresence(connection: connection, table: table, feed: feed)
+        })
+        defer {
+            for f in forwarders { f.cancel() }
+            for h in held.values { h.timer?.cancel() }
+        }
+        for await input in inputs {
+            try await handle(input)
+        }
+    }
+
+    private func forward(queue: String, prefetch: UInt16, _ wrap: @escaping @Sendable (AMQPDelivery) -> Input) async throws {
+        let channel = try await connection.openChannel()
+        try await channel.qos(prefetchCount: prefetch)
+        let consumer = try await channel.consume(queue: queue)
+        forwarders.append(Task { [feed] in
+            do {
+                for try await d in consumer { feed.yield(wrap(d)) }
+            } catch {}
+            feed.finish()  // a consumer ended: the term ends
+        })
+    }
+
+    /// Every 300 ms: consumers on each agent queue and messages in each park queue.
+    static func pollPresence(connection: AMQPConnection, table: RoutingTable, feed: AsyncStream<Input>.Continuation) async {
+        guard let channel = try? await connection.openChannel() else { return feed.finish() }
+        while !Task.isCancelled {
+            var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
+            do {
+                for r in table.routes {
+                    let agents = try await channel.queueDeclare(SenderTopology.agentQueue(r), passive: true)
+                    let parked = try await channel.queueDeclare(SenderTopology.parkQueue(r), passive: true)
+                    snapshot[r] = (agents.consumerCount, parked.messageCount)
+                }
+            } catch {
+                return feed.finish()
+            }
+            feed.yield(.presence(snapshot))
+            try? await Task.sleep(for: .milliseconds(300))
+        }
+    }
+
+    // MARK: Inputs
+
+    func handle(_ input: Input) async throws {
+        let now = Date()
+        switch input {
+        case .inbox(let d):
+            switch d.properties.type {
+            case DispatchRecord.handoffType: try await handOff(d, now: now)
+            case "frontdesk.handoff.cancel.v1", "frontdesk.handoff.reroute.v1": try await command(d, now: now)
+            default:
+                logger.warning("unknown message in the sender inbox", [("type", .string(d.properties.type ?? "none"))])
+                try d.ack()
+            }
+        case .parked(let d, let route):
+            try await takeUpParked(d, route: route, now: now)
+        case .expired(let d):
+            try await expiredWhileParked(d, now: now)
+        case .reply(let d):
+            if let reply = AgentReply.parse(d.body), var h = held[reply.dispatchId] {
+                let actions = h.machine.replyReceived(reply, now: now, jitter: Double.random(in: 0..<1))
+                held[reply.dispatchId] = h
+                try await execute(actions, id: reply.dispatchId)
+            }
+            try d.ack()
+        case .timer(let id, let generation):
+            guard var h = held[id], h.timerGeneration == generation else { return }
+            let actions = h.machine.timerFired(now: now, targetOnline: online(h.machine.route), jitter: Double.random(in: 0..<1))
+            held[id] = h
+            try await execute(actions, id: id)
+        case .presence(let snapshot):
+            try await presenceChanged(snapshot, now: now)
+        }
+    }
+
+    private func seqFloor(_ d: AMQPDelivery, base: Int) -> Int {
+        // A lease handed back by a dead leader: number above anything it may have published.
+        let count = Int(d.properties.headers?["x-delivery-count"]?.intValue ?? (d.redelivered ? 1 : 0))
+        return base + count * 100_000
+    }
+
+    private func handOff(_ d: AMQPDelivery, now: Date) async throws {
+        guard let record = try? JSONDecoder().decode(DispatchRecord.self, from: d.body),
+            var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(d, base: 2))
+        else {
+            logger.warning("unreadable hand-off dropped", [("message_id", .string(d.properties.messageID ?? ""))])
+            return try d.ack()
+        }
+        guard held[record.id] == nil else { return try d.ack() }  // a duplicate hand-off
+        metrics.dispatches.increment("received")
+        if let reason = pendingCancels[record.id] {
+            let actions = machine.cancelRequested(reason: reason, now: now)
+            held[record.id] = Held(machine: machine, lease: d)
+            return try await execute(actions, id: record.id)
+        }
+        if let route = pendingReroutes.removeValue(forKey: record.id), let parts = table.eventParts(route) {
+            _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
+        }
+        // First in, first out: while older dispatches wait in the park queue, a new one waits too.
+        let route = machine.route
+        let deliverNow = online(route) && (presence[route]?.parked ?? 0) == 0
+        let actions = machine.received(now: now, targetOnline: deliverNow)
+        held[record.id] = Held(machine: machine, lease: d)
+        try await execute(actions, id: record.id)
+    }
+
+    private func takeUpParked(_ d: AMQPDelivery, route: RoutingTable.Route, now: Date) async throws {
+        guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
+            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
+        else { return try d.ack() }
+        let id = parked.record.id
+        if let reason = pendingCancels[id] {
+            let actions = machine.cancelRequested(reason: reason, now: now)
+            held[id] = Held(machine: machine, lease: d)
+            return try await execute(actions, id: id)
+        }
+        guard online(route) else {
+            // The agent left again: back to the head of the park queue.
+            return try d.nack(requeue: true)
+        }
+        if let to = pendingReroutes.removeValue(forKey: id), let parts = table.eventParts(to) {
+            // Rerouted while parked: take it to the new target instead.
+            _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
+            let actions = machine.received(now: now, targetOnline: online(to) && (presence[to]?.parked ?? 0) == 0)
+            held[id] = Held(machine: machine, lease: d)
+            return try await execute(actions, id: id)
+        }
+        let actions = machine.agentCameOnline(now: now)
+        held[id] = Held(machine: machine, lease: d)
+        try await execute(actions, id: id)
+    }
+
+    private func expiredWhileParked(_ d: AMQPDelivery, now: Date) async throws {
+        guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
+            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
+        else { return try d.ack() }
+        let id = parked.record.id
+        let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) }
+            // TTL can run out a little early; the machine fails it at expiresAt.
+            ?? machine.timerFired(now: max(now, machine.expiresAtDate), targetOnline: false, jitter: 0)
+        held[id] = Held(machine: machine, lease: d)
+        try await execute(actions, id: id)
+    }
+
+    /// A cancel or reroute: applied to a held dispatch at once; otherwise
+    /// remembered (in the commands stream, for later leaders too).
+    private func command(_ d: AMQPDelivery, now: Date) async throws {
+        guard let o = (try? JSONSerialization.jsonObject(with: d.body)) as? [String: Any], let id = o["id"] as? String else {
+            return try d.ack()
+        }
+        let isCancel = d.properties.type == "frontdesk.handoff.cancel.v1"
+        if isCancel, var h = held[id] {
+            let actions = h.machine.cancelRequested(reason: (o["reason"] as? String) ?? "user", now: now)
+            held[id] = h
+            try await execute(actions, id: id)
+            metrics.commands.increment("cancel")
+            return try d.ack()
+        }
+        if !isCancel, var h = held[id], let p = o["project"] as? String, let t = o["target"] as? String,
+            let parts = table.eventParts(.init(project: p, target: t))
+        {
+            let route = RoutingTable.Route(project: p, target: t)
+            let outcome = h.machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: online(route))
+            held[id] = h
+            if case .moved(let actions) = outcome { try await execute(actions, id: id) }
+            return try d.ack()
+        }
+        try await remember(d)
+        var properties = d.properties
+        properties.correlationID = id
+        try await publisher.publish(OutboundMessage(exchange: "", routingKey: SenderTopology.commands, body: d.body, properties: properties))
+        try d.ack()
+    }
+
+    func remember(_ d: AMQPDelivery) async throws {
+        guard let o = (try? JSONSerialization.jsonObject(with: d.body)) as? [String: Any], let id = o["id"] as? String else { return }
+        if d.properties.type == "frontdesk.handoff.cancel.v1" {
+            pendingCancels[id] = (o["reason"] as? String) ?? "user"
+        } else if let p = o["project"] as? String, let t = o["target"] as? String {
+            pendingReroutes[id] = .init(project: p, target: t)
+        }
+    }
+
+    private func presenceChanged(_ snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], now: Date) async throws {
+        let before = presence
+        presence = snapshot
+        for (route, now_) in snapshot {
+            let wasOnline = (before[route]?.consumers ?? 0) > 0
+            let isOnline = now_.consumers > 0
+            metrics.parked.set(Double(now_.parked), route.description)
+            if isOnline, now_.parked > 0, parkConsumers[route] == nil {
+                let channel = try await connection.openChannel()
+                try await channel.qos(prefetchCount: 20)
+                let consumer = try await channel.consume(queue: SenderTopology.parkQueue(route))
+                parkConsumers[route] = consumer
+                forwarders.append(Task { [feed] in
+                    do { for try await d in consumer { feed.yield(.parked(d, route)) } } catch {}
+                })
+            }
+            if wasOnline, !isOnline {
+                if let consumer = parkConsumers.removeValue(forKey: route) {
+                    try? await consumer.cancel()
+                }
+                for id in held.keys.sorted() where held[id]?.machine.route == route {
+                    var h = held[id]!
+                    let actions = h.machine.agentWentOffline(now: now)
+                    held[id] = h
+                    try await execute(actions, id: id)
+                }
+            }
+        }
+    }
+
+    // MARK: Actions
+
+    /// Carries out a machine's actions: publishes (confirmed, in order), the
+    /// timer, and the lease (acked once the dispatch is parked anew or finished).
+    private func execute(_ actions: [DispatchMachine.Action], id: String) async throws {
+        guard var h = held[id] else { return }
+        var messages: [OutboundMessage] = []
+        var release = false
+        var timer: Date?? = nil
+        for action in actions {
+            switch action {
+            case .deliver(let attempt):
+                let task = AgentTask(h.machine, attempt: attempt)
+                messages.append(OutboundMessage(
+                    exchange: "", routingKey: SenderTopology.agentQueue(h.machine.route), body: task.jsonData(),
+                    properties: .persistentJSON(messageID: task.messageID, correlationID: id, type: AgentTask.type)
+                        .with(replyTo: SenderTopology.replies), mandatory: true))
+                metrics.deliveries.increment()
+            case .publish(let event):
+                messages.append(OutboundMessage(
+                    exchange: SharedTopology.statusExchange, routingKey: event.routingKey, body: event.jsonData(),
+                    properties: .persistentJSON(messageID: event.messageID, correlationID: id, type: StatusEvent.type)))
+                metrics.events.increment(event.state.rawValue)
+                if event.state == .queued, event.queue?.reason == "retry_wait" { metrics.retries.increment("retry_wait") }
+            case .park:
+                let remainingMs = max(1, Int(h.machine.expiresAtDate.timeIntervalSince(Date()) * 1000))
+                var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(h.machine.lastSeq)", correlationID: id, type: ParkedDispatch.type)
+                properties.expiration = String(remainingMs)
+                messages.append(OutboundMessage(
+                    exchange: "", routingKey: SenderTopology.parkQueue(h.machine.route), body: h.machine.parked.jsonData(),
+                    properties: properties, mandatory: true))
+                release = true
+            case .setTimer(let date):
+                timer = .some(date)
+            case .finish:
+                release = true
+            }
+        }
+        for result in try await publisher.publish(messages) { try result.get() }
+        h.timer?.cancel()
+        if release {
+            held[id] = nil
+            if case .finished(let state) = h.machine.phase { metrics.dispatches.increment(state.rawValue) }
+            try h.lease.ack()
+            return
+        }
+        if case .some(let date) = timer {
+            h.timerGeneration += 1
+            h.timer = date.map { deadline in
+                let generation = h.timerGeneration
+                return Task { [feed] in
+                    let wait = deadline.timeIntervalSinceNow
+                    if wait > 0 { try? await Task.sleep(for: .milliseconds(Int(wait * 1000) + 1)) }
+                    if !Task.isCancelled { feed.yield(.timer(id, generation)) }
+                }
+            }
+        }
+        held[id] = h
+    }
+}
+
+extension AMQPProperties {
+    func with(replyTo: String) -> AMQPProperties {
+        var p = self
+        p.replyTo = replyTo
+        return p
+    }
+}

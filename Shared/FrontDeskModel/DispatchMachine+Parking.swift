@@ -1,0 +1,70 @@
+import Foundation
+
+/// A parked dispatch, as it waits in its target's park queue: everything a
+/// sender needs to take it up again, on any replica.
+public struct ParkedDispatch: Sendable, Codable, Equatable {
+    public var record: DispatchRecord
+    public var project: StatusEvent.Project
+    public var target: StatusEvent.Target
+    public var attempt: Int
+    public var everDelivered: Bool
+    public var lastSeq: Int
+    public var stepReached: Int
+
+    public static let type = "frontdesk.sender.parked.v1"
+
+    public func jsonData() -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return try! encoder.encode(self)
+    }
+}
+
+extension DispatchMachine {
+    /// What goes into the park queue.
+    public var parked: ParkedDispatch {
+        ParkedDispatch(
+            record: record, project: project, target: target, attempt: attempt, everDelivered: everDelivered,
+            lastSeq: lastSeq, stepReached: stepReachedValue)
+    }
+
+    /// A parked dispatch taken up again; `seqFloor` as in `init(record:)`.
+    public init?(parked p: ParkedDispatch, policy: RetryPolicy, seqFloor: Int = 0) {
+        guard var m = DispatchMachine(record: p.record, policy: policy, seqFloor: max(p.lastSeq, seqFloor)) else { return nil }
+        m.restore(project: p.project, target: p.target, attempt: p.attempt, everDelivered: p.everDelivered, stepReached: p.stepReached)
+        self = m
+    }
+}
+
+/// The task body of the agent protocol.
+public struct AgentTask: Sendable, Codable, Equatable {
+    public var dispatchId: String
+    public var attempt: Int
+    public var input: String
+    public var project: StatusEvent.Project
+    public var target: StatusEvent.Target
+    public var user: String?
+    public var threadId: String?
+    public var deadline: String
+
+    public static let type = "frontdesk.agent.task.v1"
+
+    public init(_ m: DispatchMachine, attempt: Int) {
+        dispatchId = m.record.id
+        self.attempt = attempt
+        input = m.record.input ?? ""
+        project = m.project
+        target = m.target
+        user = m.record.user
+        threadId = m.record.threadId
+        deadline = m.record.expiresAt
+    }
+
+    public var messageID: String { "\(dispatchId)/\(attempt)" }
+
+    public func jsonData() -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return try! encoder.encode(self)
+    }
+}

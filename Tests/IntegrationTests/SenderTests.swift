@@ -1,0 +1,102 @@
+import AMQP
+import Foundation
+import Testing
+
+extension BrokerIntegration {
+    @Suite("Sender end to end", .timeLimit(.minutes(2)))
+    struct SenderTests {
+        /// (state, seq) of a dispatch's events, in arrival order.
+        func history(_ events: [[String: Any]], _ id: String) -> [String] {
+            events.filter { $0["dispatchId"] as? String == id }.map { "\($0["state"] as! String)" }
+        }
+
+        @Test func onlineAgentGetsTheTaskAndTheReplyStreamsToReplied() async throws {
+            try await withHarness("sender-online") { h in
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                try await h.startRouter()
+                try await h.startSender()
+                try await Task.sleep(for: .milliseconds(800))  // presence seen
+                try await h.publish("dispatch.request", #"{"id":"s-1","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00"}"#)
+                let events = try await h.events()
+                let mine = events.filter { $0["dispatchId"] as? String == "s-1" }
+                #expect(mine.map { $0["state"] as? String } == ["drafted", "routing", "sending", "sending", "sending", "replied"])
+                let seqs = mine.compactMap { $0["seq"] as? Int }
+                #expect(seqs == seqs.sorted() && Set(seqs).count == seqs.count)
+                let progress = mine[4]
+                #expect(progress["etaMs"] as? Int == 2000 && progress["activity"] as? String == "Drafting reply")
+                #expect(progress["preview"] as? [String] == ["Hi Lisa, confirmed for 14:00 on Thursday.", "The agenda"])
+                #expect(mine.last?["reply"] as? String == "Hi Lisa, confirmed for 14:00 on Thursday.\nThe agenda is attached.")
+                #expect(mine.last?["step"] as? Int == 3)
+                let tasks = await agent.tasks.all
+                #expect(tasks.count == 1)
+                #expect(tasks.first?.properties.messageID == "s-1/1" && tasks.first?.properties.replyTo == "frontdesk.replies")
+                await agent.stop()
+            }
+        }
+
+        @Test func offlineTargetQueuesAndDispatchesByItselfOnReconnect() async throws {
+            try await withHarness("sender-offline") { h in
+                try await h.startRouter()
+                try await h.startSender()
+                try await h.publish("dispatch.request", #"{"id":"q-1","input":"the agm agenda"}"#)
+                try await h.publish("dispatch.request", #"{"id":"q-2","input":"the agm minutes"}"#)
+                var events = try await h.events()
+                #expect(history(events, "q-1") == ["drafted", "routing", "queued"])
+                let queued = events.first { $0["dispatchId"] as? String == "q-1" && $0["state"] as? String == "queued" }
+                #expect((queued?["queue"] as? [String: Any])?["reason"] as? String == "agent_offline")
+                #expect(queued?["etaMs"] == nil && queued?["attempt"] as? Int == 1)
+                let started = ContinuousClock.now
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                events = try await h.events()
+                #expect(history(events, "q-1") == ["sending", "sending", "sending", "replied"])
+                #expect(history(events, "q-2") == ["sending", "sending", "sending", "replied"])
+                // First in, first out.
+                let tasks = await agent.tasks.all.map { $0.properties.correlationID }
+                #expect(tasks == ["q-1", "q-2"])
+                #expect(ContinuousClock.now - started < .seconds(5))
+                await agent.stop()
+            }
+        }
+
+        @Test func cancelEndsADispatchBeforeAndAfterItArrives() async throws {
+            try await withHarness("sender-cancel") { h in
+                try await h.startRouter()
+                try await h.startSender()
+                // Before its request: remembered and applied on arrival.
+                try await h.publish("dispatch.cancel", #"{"id":"c-early","reason":"changed my mind"}"#)
+                try await Task.sleep(for: .milliseconds(300))
+                try await h.publish("dispatch.request", #"{"id":"c-early","input":"the agm agenda"}"#)
+                // In flight with an agent that never answers.
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .silent)
+                try await Task.sleep(for: .milliseconds(800))
+                try await h.publish("dispatch.request", #"{"id":"c-live","input":"the contract","project":"acme","target":"legal"}"#)
+                try await Task.sleep(for: .milliseconds(500))
+                try await h.publish("dispatch.cancel", #"{"id":"c-live","reason":"user"}"#)
+                let events = try await h.events()
+                #expect(history(events, "c-early") == ["drafted", "routing", "cancelled"])
+                #expect(history(events, "c-live") == ["drafted", "routing", "sending", "cancelled"])
+                let cancelled = events.first { $0["dispatchId"] as? String == "c-early" && $0["state"] as? String == "cancelled" }
+                #expect((cancelled?["cancel"] as? [String: Any])?["reason"] as? String == "changed my mind")
+                await agent.stop()
+            }
+        }
+
+        @Test func retryableErrorsRetryWithBackoffThenFail() async throws {
+            try await withHarness("sender-retry") { h in
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .retryableError)
+                try await h.startRouter()
+                try await h.startSender(extraEnvironment: ["FRONTDESK_RETRY_BASE_MS": "200", "FRONTDESK_MAX_ATTEMPTS": "3"])
+                try await Task.sleep(for: .milliseconds(800))
+                try await h.publish("dispatch.request", #"{"id":"r-1","input":"the agm agenda"}"#)
+                let events = try await h.drain(h.statusQueue, quiet: .seconds(2)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                #expect(history(events, "r-1") == ["drafted", "routing", "sending", "queued", "sending", "queued", "sending", "failed"])
+                let waits = events.filter { $0["state"] as? String == "queued" }
+                #expect(waits.allSatisfy { ($0["queue"] as? [String: Any])?["reason"] as? String == "retry_wait" })
+                #expect(waits.map { $0["attempt"] as? Int } == [2, 3])
+                #expect((events.last?["error"] as? [String: Any])?["code"] as? String == "retries_exhausted")
+                #expect(await agent.tasks.all.map(\.properties.messageID) == ["r-1/1", "r-1/2", "r-1/3"])
+                await agent.stop()
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+import AMQP
+import Foundation
+
+/// A reference agent for tests: consumes its target's queue and answers each
+/// task with two progress replies and a final one (or an error).
+final class TestAgent: Sendable {
+    let connection: AMQPConnection
+    let consumer: AMQPConsumer
+    let worker: Task<Void, Never>
+    let tasks = CollectedElements<AMQPDelivery>()
+
+    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent }
+
+    init(url: AMQPURL, queue: String, behaviour: Behaviour = .reply) async throws {
+        connection = try await AMQPConnection.connect(.init(url: url, connectionName: "test-agent:\(queue)"))
+        let channel = try await connection.openChannel()
+        try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+        try await channel.qos(prefetchCount: 10)
+        let publisher = try await connection.openChannel()
+        consumer = try await channel.consume(queue: queue)
+        let consumer = consumer, tasks = tasks
+        worker = Task {
+            do {
+                for try await task in consumer {
+                    _ = await tasks.append(task)
+                    guard let body = try? JSONSerialization.jsonObject(with: task.body) as? [String: Any],
+                        let id = body["dispatchId"] as? String, let attempt = body["attempt"] as? Int
+                    else { continue }
+                    func reply(_ fields: [String: Any]) async throws {
+                        var all = fields
+                        all["dispatchId"] = id
+                        all["attempt"] = attempt
+                        try await publisher.publish(
+                            exchange: "", routingKey: task.properties.replyTo ?? "frontdesk.replies",
+                            body: try JSONSerialization.data(withJSONObject: all),
+                            properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
+                    }
+                    switch behaviour {
+                    case .reply:
+                        try await reply(["kind": "accepted", "activity": "Reading"])
+                        try await reply(["kind": "progress", "text": "Hi Lisa, confirmed for 14:00 on Thursday.\nThe agenda", "activity": "Drafting reply", "etaMs": 2000])
+                        try await reply(["kind": "final", "text": "Hi Lisa, confirmed for 14:00 on Thursday.\nThe agenda is attached."])
+                    case .retryableError:
+                        try await reply(["kind": "error", "error": ["code": "busy", "message": "try later"], "retryable": true])
+                    case .fatalError:
+                        try await reply(["kind": "error", "error": ["code": "bad_input", "message": "cannot do that"], "retryable": false])
+                    case .silent:
+                        break
+                    }
+                    try task.ack()
+                }
+            } catch {}
+        }
+    }
+
+    func stop() async {
+        try? await consumer.cancel()
+        worker.cancel()
+        await connection.close()
+    }
+}
