@@ -1,0 +1,101 @@
+import AMQP
+import Foundation
+import Testing
+
+extension BrokerIntegration {
+    @Suite("Sender under failure", .timeLimit(.minutes(2)))
+    struct SenderFailureTests {
+        func states(_ events: [[String: Any]], _ id: String) -> [String] {
+            events.filter { $0["dispatchId"] as? String == id }.compactMap { $0["state"] as? String }
+        }
+
+        func seqs(_ events: [[String: Any]], _ id: String) -> [Int] {
+            events.filter { $0["dispatchId"] as? String == id }.compactMap { $0["seq"] as? Int }
+        }
+
+        @Test func killedWhileDispatchesAreParkedLosesNothing() async throws {
+            try await withHarness("sender-kill-parked") { h in
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                for i in 0..<20 { try await h.publish("dispatch.request", #"{"id":"p-\#(i)","input":"the agm agenda \#(i)"}"#) }
+                _ = try await h.events()
+                kill(sender.processIdentifier, SIGKILL)
+                try await h.startSender()
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                let events = try await h.drain(h.statusQueue, quiet: .seconds(2)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                for i in 0..<20 { #expect(states(events, "p-\(i)").last == "replied", "p-\(i)") }
+                #expect(Set(await agent.tasks.all.compactMap { $0.properties.correlationID }).count == 20)
+                await agent.stop()
+            }
+        }
+
+        @Test func aStandbyTakesOverWhenTheLeaderIsKilledMidFlight() async throws {
+            try await withHarness("sender-takeover") { h in
+                try await h.startRouter()
+                let first = try await h.startSender()
+                try await Task.sleep(for: .milliseconds(500))
+                try await h.startSender()  // standby
+                let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
+                try await Task.sleep(for: .milliseconds(800))
+                try await h.publish("dispatch.request", #"{"id":"t-1","input":"the agm agenda"}"#)
+                try await Task.sleep(for: .milliseconds(800))
+                kill(first.processIdentifier, SIGKILL)
+                await silent.stop()
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                let events = try await h.drain(h.statusQueue, quiet: .seconds(3)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                let history = states(events, "t-1")
+                #expect(history.first == "drafted" && history.last == "replied")
+                #expect(history.filter { ["replied", "failed", "cancelled"].contains($0) }.count == 1)
+                let s = seqs(events, "t-1")
+                #expect(s == s.sorted() && Set(s).count == s.count, "seq only grows: \(s)")
+                await agent.stop()
+            }
+        }
+
+        @Test func anAgentThatDisappearsPutsTheDispatchBackInQueued() async throws {
+            try await withHarness("sender-agent-gone") { h in
+                try await h.startRouter()
+                try await h.startSender()
+                let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
+                try await Task.sleep(for: .milliseconds(800))
+                try await h.publish("dispatch.request", #"{"id":"g-1","input":"the agm agenda"}"#)
+                try await Task.sleep(for: .milliseconds(800))
+                await silent.stop()
+                var events = try await h.events()
+                #expect(states(events, "g-1") == ["drafted", "routing", "sending", "queued"])
+                let queued = events.last { $0["dispatchId"] as? String == "g-1" }
+                #expect((queued?["queue"] as? [String: Any])?["reason"] as? String == "agent_offline")
+                #expect(queued?["attempt"] as? Int == 2)
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                events = try await h.events()
+                #expect(states(events, "g-1") == ["sending", "sending", "sending", "replied"])
+                #expect(await agent.tasks.all.compactMap(\.properties.messageID).contains("g-1/2"))
+                await agent.stop()
+            }
+        }
+
+        @Test func aParkedDispatchExpiresOnTime() async throws {
+            try await withHarness("sender-expiry") { h in
+                try await h.startRouter(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
+                try await h.startSender(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
+                let started = Date()
+                try await h.publish("dispatch.request", #"{"id":"e-1","input":"the agm agenda"}"#)
+                let events = try await h.drain(h.statusQueue, quiet: .seconds(6)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                #expect(states(events, "e-1") == ["drafted", "routing", "queued", "failed"])
+                let failed = events.last { $0["dispatchId"] as? String == "e-1" }
+                #expect((failed?["error"] as? [String: Any])?["code"] as? String == "expired")
+                let at = (failed?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
+                let lateness = at.map { $0.timeIntervalSince(started) - 3 } ?? 99
+                #expect(lateness < 5, "failed \(lateness) s after expiresAt")
+            }
+        }
+    }
+}
+
+extension ISO8601DateFormatter {
+    static var withFractions: ISO8601DateFormatter {
+        let f = ISO8601DateFormatter()
+        f.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return f
+    }
+}
