@@ -230,11 +230,83 @@ final class SenderTerm {
             if case .moved(let actions) = outcome { try await execute(actions, id: id) }
             return try d.ack()
         }
+        // Not held: if it waits in the park queue of a target without agents,
+        // act on it now; else remember it for when the dispatch shows up.
+        if let found = try await findParked(id) {
+            let (lease, parked, channel) = found
+            defer { Task { await channel.close() } }
+            if var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(lease, base: parked.lastSeq)) {
+                var actions: [DispatchMachine.Action] = []
+                if isCancel {
+                    actions = machine.cancelRequested(reason: (o["reason"] as? String) ?? "user", now: now)
+                    metrics.commands.increment("cancel")
+                } else if let p = o["project"] as? String, let t = o["target"] as? String,
+                    let parts = table.eventParts(.init(project: p, target: t)),
+                    case .moved(let moved) = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
+                {
+                    // Parked anew at the new target; presence takes it from there.
+                    actions = moved
+                    metrics.commands.increment("reroute")
+                }
+                if !actions.isEmpty {
+                    held[id] = Held(machine: machine, lease: lease)
+                    try await execute(actions, id: id)
+                    if !isCancel { return try d.ack() }
+                } else {
+                    try lease.nack(requeue: true)
+                }
+            }
+        }
         try await remember(d)
         var properties = d.properties
         properties.correlationID = id
         try await publisher.publish(OutboundMessage(exchange: "", routingKey: SenderTopology.commands, body: d.body, properties: properties))
         try d.ack()
+    }
+
+    /// Looks for dispatch `id` in the park queues of targets without agents
+    /// (with agents, parked dispatches come to this sender by themselves).
+    /// The match comes back unacked, with the channel that holds it; every
+    /// other message goes back to its queue.
+    private func findParked(_ id: String) async throws -> (AMQPDelivery, ParkedDispatch, AMQPChannel)? {
+        for route in table.routes where !online(route) && (presence[route]?.parked ?? 1) > 0 {
+            let channel = try await connection.openChannel()
+            let count = try await channel.queueDeclare(SenderTopology.parkQueue(route), passive: true).messageCount
+            guard count > 0 else {
+                await channel.close()
+                continue
+            }
+            try await channel.qos(prefetchCount: UInt16(min(count, 5000)))
+            let consumer = try await channel.consume(queue: SenderTopology.parkQueue(route))
+            // The park queue's messages arrive at once (prefetched); stop at
+            // the count, or after 2 s with nothing new.
+            let box = DeliveryBox()
+            let reader = Task {
+                do { for try await d in consumer { await box.append(d) } } catch {}
+            }
+            var last = -1, quietTurns = 0
+            while true {
+                let n = await box.count
+                if n >= Int(min(count, 5000)) { break }
+                if n == last { quietTurns += 1 } else { quietTurns = 0 }
+                if quietTurns >= 20 { break }
+                last = n
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            try? await consumer.cancel()
+            reader.cancel()
+            var match: (AMQPDelivery, ParkedDispatch)?
+            for d in await box.all {
+                if match == nil, d.properties.correlationID == id, let p = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body) {
+                    match = (d, p)
+                } else {
+                    try d.nack(requeue: true)
+                }
+            }
+            if let match { return (match.0, match.1, channel) }
+            await channel.close()
+        }
+        return nil
     }
 
     func remember(_ d: AMQPDelivery) async throws {
@@ -343,4 +415,11 @@ extension AMQPProperties {
         p.replyTo = replyTo
         return p
     }
+}
+
+/// Deliveries gathered by a reader task.
+actor DeliveryBox {
+    private(set) var all: [AMQPDelivery] = []
+    var count: Int { all.count }
+    func append(_ d: AMQPDelivery) { all.append(d) }
 }

@@ -100,3 +100,47 @@ extension BrokerIntegration {
         }
     }
 }
+
+extension BrokerIntegration.SenderTests {
+    @Test func cancelOfAParkedDispatchEndsItAtOnce() async throws {
+        try await withHarness("sender-cancel-parked") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            for i in 0..<5 { try await h.publish("dispatch.request", #"{"id":"cp-\#(i)","input":"the agm agenda"}"#) }
+            _ = try await h.events()
+            try await h.publish("dispatch.cancel", #"{"id":"cp-2","reason":"user"}"#)
+            var events = try await h.events()
+            #expect(history(events, "cp-2") == ["cancelled"])
+            #expect(events.first?["step"] as? Int == 1)
+            // The others still wait, in order, and only they reach the agent.
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            events = try await h.events()
+            #expect(await agent.tasks.all.compactMap(\.properties.correlationID) == ["cp-0", "cp-1", "cp-3", "cp-4"])
+            #expect(history(events, "cp-2").isEmpty)
+            await agent.stop()
+        }
+    }
+
+    @Test func rerouteMovesAParkedDispatchAndNeverDeliversToTheOldTarget() async throws {
+        try await withHarness("sender-reroute") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+            try await h.publish("dispatch.request", #"{"id":"rr-1","input":"the agm agenda"}"#)
+            var events = try await h.events()
+            #expect(history(events, "rr-1") == ["drafted", "routing", "queued"])
+            try await h.publish("dispatch.reroute", #"{"id":"rr-1","project":"acme","target":"legal"}"#)
+            events = try await h.events()
+            let moved = events.filter { $0["dispatchId"] as? String == "rr-1" }
+            #expect(moved.map { $0["state"] as? String } == ["queued", "sending", "sending", "sending", "replied"])
+            #expect((moved.first?["target"] as? [String: Any])?["id"] as? String == "legal")
+            #expect(await legal.tasks.all.compactMap(\.properties.correlationID) == ["rr-1"])
+            // The old target's agent arrives later and gets nothing.
+            let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            try await Task.sleep(for: .seconds(1))
+            #expect(await board.tasks.all.isEmpty)
+            await legal.stop()
+            await board.stop()
+        }
+    }
+}
