@@ -87,7 +87,8 @@ final class SenderService: Service {
             connection: connection, publisher: publisher, table: table,
             policy: RetryPolicy(
                 baseMs: configuration.retry.baseMs, maxMs: configuration.retry.maxMs,
-                maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds),
+                maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds,
+                lifetimeSeconds: configuration.lifetimeSeconds),
             logger: logger, metrics: metrics)
         try await term.run(replayedCommands: replayed)
     }

@@ -37,6 +37,13 @@ final class SenderTerm {
     let feed: AsyncStream<Input>.Continuation
 
     var held: [String: Held] = [:]
+    /// Dispatches this term finished, and when: a late duplicate of one (a
+    /// hand-off re-sent by a router that died before its ack, or a second
+    /// parked copy) is dropped. Forgotten after the lifetime window.
+    var finished: [String: Date] = [:]
+    /// Dispatches this term took from the inbox, and when: a second hand-off
+    /// of one is a duplicate whatever its state.
+    var accepted: [String: Date] = [:]
     var pendingCancels: [String: String] = [:]
     var pendingReroutes: [String: RoutingTable.Route] = [:]
     var presence: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
@@ -151,7 +158,11 @@ final class SenderTerm {
             logger.warning("unreadable hand-off dropped", [("message_id", .string(d.properties.messageID ?? ""))])
             return try d.ack()
         }
-        guard held[record.id] == nil else { return try d.ack() }  // a duplicate hand-off
+        guard held[record.id] == nil, accepted[record.id] == nil, finished[record.id] == nil else {
+            logger.info("duplicate hand-off dropped", [("dispatch_id", .string(record.id))])
+            return try d.ack()
+        }
+        accepted[record.id] = now
         metrics.dispatches.increment("received")
         if let reason = pendingCancels[record.id] {
             let actions = machine.cancelRequested(reason: reason, now: now)
@@ -174,6 +185,7 @@ final class SenderTerm {
             var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
         else { return try d.ack() }
         let id = parked.record.id
+        guard held[id] == nil, finished[id] == nil else { return try d.ack() }  // a second copy
         if let reason = pendingCancels[id] {
             let actions = machine.cancelRequested(reason: reason, now: now)
             held[id] = Held(machine: machine, lease: d)
@@ -390,7 +402,18 @@ final class SenderTerm {
         h.timer?.cancel()
         if release {
             held[id] = nil
-            if case .finished(let state) = h.machine.phase { metrics.dispatches.increment(state.rawValue) }
+            if case .finished(let state) = h.machine.phase {
+                metrics.dispatches.increment(state.rawValue)
+                finished[id] = Date()
+                if state == .replied, let started = RFC3339.parse(h.machine.record.startedAt) {
+                    metrics.replyTime.observe(Date().timeIntervalSince(started))
+                }
+                if finished.count % 1024 == 0 {
+                    let horizon = Date().addingTimeInterval(-Double(policy.lifetimeSeconds))
+                    finished = finished.filter { $0.value > horizon }
+                    accepted = accepted.filter { $0.value > horizon }
+                }
+            }
             try h.lease.ack()
             return
         }

@@ -6,12 +6,15 @@ public struct RetryPolicy: Sendable, Equatable {
     public var maxMs: Int
     public var maxAttempts: Int
     public var replyTimeoutSeconds: Int
+    /// How long the sender remembers finished dispatches (the lifetime window).
+    public var lifetimeSeconds: Int
 
-    public init(baseMs: Int = 1000, maxMs: Int = 60_000, maxAttempts: Int = 5, replyTimeoutSeconds: Int = 600) {
+    public init(baseMs: Int = 1000, maxMs: Int = 60_000, maxAttempts: Int = 5, replyTimeoutSeconds: Int = 600, lifetimeSeconds: Int = 14_400) {
         self.baseMs = baseMs
         self.maxMs = maxMs
         self.maxAttempts = maxAttempts
         self.replyTimeoutSeconds = replyTimeoutSeconds
+        self.lifetimeSeconds = lifetimeSeconds
     }
 
     /// Delay before attempt n+1: min(max, base × 2^(n−1)), jittered down to no

@@ -144,3 +144,38 @@ extension BrokerIntegration.SenderTests {
         }
     }
 }
+
+extension BrokerIntegration.SenderTests {
+    /// A hand-off as the router writes it (DispatchRecord), for a dispatch started now.
+    func handOff(_ id: String) -> Data {
+        let now = Date()
+        let f = ISO8601DateFormatter.withFractions
+        return Data("""
+        {"id":"\(id)","bodyFingerprint":"x","outcome":"routed","input":"the agm agenda","invalid":false,
+         "project":{"id":"yemaya","name":"Yemaya","glyph":"YE"},"target":{"id":"board-prep","name":"Board Prep"},
+         "route":{"confidence":1,"reason":"test","alternatives":[]},
+         "startedAt":"\(f.string(from: now))","decidedAt":"\(f.string(from: now))",
+         "expiresAt":"\(f.string(from: now.addingTimeInterval(3600)))","lastSeq":2}
+        """.utf8)
+    }
+
+    @Test func aDuplicateHandOffIsDroppedWhileParkedAndAfterItFinished() async throws {
+        try await withHarness("sender-dup-handoff") { h in
+            try await h.startSender()
+            let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2, type: "frontdesk.handoff.dispatch.v1")
+            for _ in 0..<2 {
+                try await h.channel.publish(exchange: "", routingKey: "frontdesk.sender.inbox", body: handOff("dup-1"), properties: properties)
+            }
+            var events = try await h.events()
+            #expect(history(events, "dup-1") == ["queued"])
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            events = try await h.events()
+            #expect(history(events, "dup-1") == ["sending", "sending", "sending", "replied"])
+            try await h.channel.publish(exchange: "", routingKey: "frontdesk.sender.inbox", body: handOff("dup-1"), properties: properties)
+            events = try await h.events()
+            #expect(history(events, "dup-1").isEmpty)
+            #expect(await agent.tasks.all.count == 1)
+            await agent.stop()
+        }
+    }
+}
