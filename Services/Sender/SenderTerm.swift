@@ -14,6 +14,7 @@ final class SenderTerm {
         case parked(AMQPDelivery, RoutingTable.Route)
         case reply(AMQPDelivery)
         case expired(AMQPDelivery)
+        case retryDue(AMQPDelivery)
         case timer(String, Int)
         case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
     }
@@ -44,6 +45,8 @@ final class SenderTerm {
     /// Dispatches this term took from the inbox, and when: a second hand-off
     /// of one is a duplicate whatever its state.
     var accepted: [String: Date] = [:]
+    /// Delay queues declared in this term.
+    var delayQueues: Set<String> = []
     var pendingCancels: [String: String] = [:]
     var pendingReroutes: [String: RoutingTable.Route] = [:]
     var presence: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
@@ -68,6 +71,7 @@ final class SenderTerm {
         try await forward(queue: SenderTopology.inbox, prefetch: 500) { .inbox($0) }
         try await forward(queue: SenderTopology.replies, prefetch: 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired, prefetch: 100) { .expired($0) }
+        try await forward(queue: SenderTopology.retry, prefetch: 100) { .retryDue($0) }
         forwarders.append(Task { [feed, connection, table] in
             await SenderTerm.pollPresence(connection: connection, table: table, feed: feed)
         })
@@ -128,6 +132,8 @@ final class SenderTerm {
             try await takeUpParked(d, route: route, now: now)
         case .expired(let d):
             try await expiredWhileParked(d, now: now)
+        case .retryDue(let d):
+            try await retryDue(d, now: now)
         case .reply(let d):
             if let reply = AgentReply.parse(d.body), var h = held[reply.dispatchId] {
                 let actions = h.machine.replyReceived(reply, now: now, jitter: Double.random(in: 0..<1))
@@ -215,6 +221,20 @@ final class SenderTerm {
         let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) }
             // TTL can run out a little early; the machine fails it at expiresAt.
             ?? machine.timerFired(now: max(now, machine.expiresAtDate), targetOnline: false, jitter: 0)
+        held[id] = Held(machine: machine, lease: d)
+        try await execute(actions, id: id)
+    }
+
+    /// A retry wait ended in its delay queue: the next attempt, or a wait for an agent.
+    private func retryDue(_ d: AMQPDelivery, now: Date) async throws {
+        guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
+            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
+        else { return try d.ack() }
+        let id = parked.record.id
+        guard held[id] == nil, finished[id] == nil else { return try d.ack() }
+        let route = machine.route
+        let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) }
+            ?? machine.timerFired(now: max(now, machine.retryAtDate ?? now), targetOnline: online(route), jitter: 0)
         held[id] = Held(machine: machine, lease: d)
         try await execute(actions, id: id)
     }
@@ -397,6 +417,20 @@ final class SenderTerm {
             case .finish:
                 release = true
             }
+        }
+        // A retry waits in the broker, not here: in a delay queue whose TTL
+        // brings it back to frontdesk.sender.retry when it is due.
+        if !release, let retryAt = h.machine.retryAtDate {
+            let (queue, ttl) = SenderTopology.delayQueue(ms: Int((retryAt.timeIntervalSince(Date()) * 1000).rounded(.up)))
+            if !delayQueues.contains(queue) {
+                try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
+                delayQueues.insert(queue)
+            }
+            messages.append(OutboundMessage(
+                exchange: "", routingKey: queue, body: h.machine.parked.jsonData(),
+                properties: .persistentJSON(messageID: "\(id)/retry/\(h.machine.attempt)", correlationID: id, type: ParkedDispatch.type),
+                mandatory: true))
+            release = true
         }
         for result in try await publisher.publish(messages) { try result.get() }
         h.timer?.cancel()

@@ -12,6 +12,28 @@ enum SenderTopology {
     static let leader = "frontdesk.sender.leader"
     /// Parked dispatches whose lifetime ran out (dead-lettered by TTL). Quorum.
     static let expired = "frontdesk.sender.expired"
+    /// Dispatches whose retry wait ended (dead-lettered from a delay queue). Quorum.
+    static let retry = "frontdesk.sender.retry"
+
+    /// Delays are rounded up to this step: a retry is never early and at most this late.
+    static let delayStepMs = 500
+
+    /// The delay queue for a wait of `ms` (rounded up to the step): every
+    /// message in it has the same TTL, so none waits behind a longer one.
+    static func delayQueue(ms: Int) -> (name: String, ttlMs: Int) {
+        let step = delayStepMs
+        let ttl = max(step, (ms + step - 1) / step * step)
+        return ("frontdesk.sender.delay.\(ttl)", ttl)
+    }
+
+    static func declareDelayQueue(_ name: String, ttlMs: Int, on channel: AMQPChannel) async throws {
+        try await channel.queueDeclare(name, arguments: [
+            "x-queue-type": "quorum", "x-message-ttl": .int64(Int64(ttlMs)),
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(retry),
+            "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+        ])
+    }
+
     /// Cancels and reroutes for dispatches this sender does not hold yet. A stream, replayed by each new leader.
     static let commands = "frontdesk.sender.commands"
 
@@ -24,6 +46,7 @@ enum SenderTopology {
         try await channel.queueDeclare(inbox, arguments: quorum)
         try await channel.queueDeclare(replies, arguments: quorum)
         try await channel.queueDeclare(expired, arguments: quorum)
+        try await channel.queueDeclare(retry, arguments: quorum)
         try await channel.queueDeclare(leader, arguments: ["x-queue-type": "quorum", "x-max-length": 1, "x-overflow": "reject-publish"])
         try await channel.queueDeclare(commands, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
         for route in table.routes {

@@ -10,6 +10,8 @@ public struct ParkedDispatch: Sendable, Codable, Equatable {
     public var everDelivered: Bool
     public var lastSeq: Int
     public var stepReached: Int
+    /// Set while a retry waits (in a delay queue): when the next attempt is due.
+    public var retryAt: String?
 
     public static let type = "frontdesk.sender.parked.v1"
 
@@ -25,13 +27,20 @@ extension DispatchMachine {
     public var parked: ParkedDispatch {
         ParkedDispatch(
             record: record, project: project, target: target, attempt: attempt, everDelivered: everDelivered,
-            lastSeq: lastSeq, stepReached: stepReachedValue)
+            lastSeq: lastSeq, stepReached: stepReachedValue, retryAt: retryAtDate.map(RFC3339.format))
+    }
+
+    /// When the waiting retry is due, while one waits.
+    public var retryAtDate: Date? {
+        if case .retryWait(let at) = phase { return at }
+        return nil
     }
 
     /// A parked dispatch taken up again; `seqFloor` as in `init(record:)`.
     public init?(parked p: ParkedDispatch, policy: RetryPolicy, seqFloor: Int = 0) {
         guard var m = DispatchMachine(record: p.record, policy: policy, seqFloor: max(p.lastSeq, seqFloor)) else { return nil }
         m.restore(project: p.project, target: p.target, attempt: p.attempt, everDelivered: p.everDelivered, stepReached: p.stepReached)
+        if let text = p.retryAt, let at = RFC3339.parse(text) { m.waitForRetry(until: at) }
         self = m
     }
 }

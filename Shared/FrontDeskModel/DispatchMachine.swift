@@ -94,6 +94,8 @@ public struct DispatchMachine: Sendable {
     /// When the dispatch's lifetime ends.
     public var expiresAtDate: Date { expiresAt }
 
+    mutating func waitForRetry(until at: Date) { phase = .retryWait(retryAt: at) }
+
     mutating func restore(project: StatusEvent.Project, target: StatusEvent.Target, attempt: Int, everDelivered: Bool, stepReached: Int) {
         self.project = project
         self.target = target

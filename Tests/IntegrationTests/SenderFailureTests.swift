@@ -99,3 +99,35 @@ extension ISO8601DateFormatter {
         return f
     }
 }
+
+extension BrokerIntegration.SenderFailureTests {
+    @Test func aRetryWaitSurvivesTheSendersDeathBecauseItWaitsInTheBroker() async throws {
+        try await withHarness("sender-retry-kill") { h in
+            try await h.startRouter()
+            let env = ["FRONTDESK_RETRY_BASE_MS": "3000"]
+            let first = try await h.startSender(extraEnvironment: env)
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .failFirstAttempt)
+            try await Task.sleep(for: .milliseconds(800))
+            try await h.publish("dispatch.request", #"{"id":"rk-1","input":"the agm agenda"}"#)
+            try await Task.sleep(for: .milliseconds(700))
+            kill(first.processIdentifier, SIGKILL)
+            try await h.startSender(extraEnvironment: env)
+            let events = try await h.drain(h.statusQueue, quiet: .seconds(4)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            #expect(states(events, "rk-1") == ["drafted", "routing", "sending", "queued", "sending", "sending", "sending", "replied"])
+            let wait = events.first { $0["state"] as? String == "queued" }
+            let retryAt = ((wait?["queue"] as? [String: Any])?["retryAt"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
+            let resent = events.last { $0["state"] as? String == "sending" && ($0["attempt"] as? Int) == 2 }
+            let resentAt = (resent?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
+            if let retryAt, let resentAt {
+                #expect(resentAt >= retryAt, "not before retryAt")
+                #expect(resentAt.timeIntervalSince(retryAt) < 2, "within 2 s after retryAt")
+            } else {
+                Issue.record("no retryAt or no second attempt")
+            }
+            let s = seqs(events, "rk-1")
+            #expect(s == s.sorted() && Set(s).count == s.count)
+            #expect(await agent.tasks.all.compactMap(\.properties.messageID) == ["rk-1/1", "rk-1/2"])
+            await agent.stop()
+        }
+    }
+}

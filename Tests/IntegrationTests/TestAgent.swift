@@ -9,7 +9,7 @@ final class TestAgent: Sendable {
     let worker: Task<Void, Never>
     let tasks = CollectedElements<AMQPDelivery>()
 
-    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent }
+    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, failFirstAttempt }
 
     init(url: AMQPURL, queue: String, behaviour: Behaviour = .reply) async throws {
         connection = try await AMQPConnection.connect(.init(url: url, connectionName: "test-agent:\(queue)"))
@@ -35,8 +35,8 @@ final class TestAgent: Sendable {
                             body: try JSONSerialization.data(withJSONObject: all),
                             properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
                     }
-                    switch behaviour {
-                    case .reply:
+                    switch behaviour == .failFirstAttempt ? (attempt == 1 ? .retryableError : .reply) : behaviour {
+                    case .reply, .failFirstAttempt:
                         try await reply(["kind": "accepted", "activity": "Reading"])
                         try await reply(["kind": "progress", "text": "Hi Lisa, confirmed for 14:00 on Thursday.\nThe agenda", "activity": "Drafting reply", "etaMs": 2000])
                         try await reply(["kind": "final", "text": "Hi Lisa, confirmed for 14:00 on Thursday.\nThe agenda is attached."])
