@@ -13,8 +13,8 @@ final class RouterHarness: @unchecked Sendable {
     let url: AMQPURL
     let tableFile: String
     var processes: [Process] = []
-    let connection: AMQPConnection
-    let channel: AMQPChannel
+    var connection: AMQPConnection
+    var channel: AMQPChannel
     let statusQueue: String
 
     static let table = """
@@ -38,9 +38,24 @@ final class RouterHarness: @unchecked Sendable {
         channel = try await connection.openChannel()
         statusQueue = "frontdesk.test.status"
         try await channel.exchangeDeclare("frontdesk.status", type: "topic")
-        try await channel.queueDeclare(statusQueue, durable: false)
+        try await channel.queueDeclare(statusQueue, arguments: ["x-queue-type": "quorum"])
         try await channel.queueBind(statusQueue, exchange: "frontdesk.status", routingKey: "status.#")
         try await channel.confirmSelect()
+    }
+
+    /// A new connection after the broker went away.
+    func reconnect() async throws {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while true {
+            do {
+                connection = try await AMQPConnection.connect(.init(url: url, connectionName: "router-test:reconnected"))
+                channel = try await connection.openChannel()
+                try await channel.confirmSelect()
+                return
+            } catch where ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(200))
+            }
+        }
     }
 
     /// Starts a router replica and waits until it answers /readyz.

@@ -131,3 +131,24 @@ extension BrokerIntegration.SenderFailureTests {
         }
     }
 }
+
+extension BrokerIntegration.SenderFailureTests {
+    @Test func parkedDispatchesSurviveABrokerRestart() async throws {
+        try await withHarness("sender-broker-restart") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            for i in 0..<10 { try await h.publish("dispatch.request", #"{"id":"br-\#(i)","input":"the agm agenda \#(i)"}"#) }
+            var events = try await h.events()
+            for i in 0..<10 { #expect(states(events, "br-\(i)") == ["drafted", "routing", "queued"]) }
+            try TestBroker.script(["restart"])
+            try await h.reconnect()
+            // The services come back by themselves; then an agent appears.
+            try await Task.sleep(for: .seconds(3))
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            events = try await h.drain(h.statusQueue, quiet: .seconds(3)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            for i in 0..<10 { #expect(states(events, "br-\(i)").last == "replied", "br-\(i)") }
+            #expect(Set(await agent.tasks.all.compactMap(\.properties.correlationID)).count == 10)
+            await agent.stop()
+        }
+    }
+}
