@@ -46,6 +46,7 @@ let package = Package(
             path: "Benchmarks/RouterCRelay",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
+        .executableTarget(name: "sender-scale", dependencies: ["AMQP", "FrontDeskModel"], path: "Benchmarks/SenderScale"),
         .executableTarget(name: "resolver-bench", dependencies: ["FrontDeskModel"], path: "Benchmarks/ResolverBench"),
         .executableTarget(
             name: "amqp-c-baseline",

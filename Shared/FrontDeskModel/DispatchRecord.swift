@@ -33,6 +33,29 @@ public struct DispatchRecord: Sendable, Codable, Equatable {
     /// The last seq the router used; the sender continues above it.
     public var lastSeq: Int
 
+    public init(
+        id: String, bodyFingerprint: String, outcome: Outcome, input: String? = nil, user: String? = nil,
+        threadId: String? = nil, project: StatusEvent.Project? = nil, target: StatusEvent.Target? = nil,
+        route: StatusEvent.Route? = nil, error: StatusEvent.ErrorInfo? = nil, invalid: Bool,
+        startedAt: String, decidedAt: String, expiresAt: String, lastSeq: Int
+    ) {
+        self.id = id
+        self.bodyFingerprint = bodyFingerprint
+        self.outcome = outcome
+        self.input = input
+        self.user = user
+        self.threadId = threadId
+        self.project = project
+        self.target = target
+        self.route = route
+        self.error = error
+        self.invalid = invalid
+        self.startedAt = startedAt
+        self.decidedAt = decidedAt
+        self.expiresAt = expiresAt
+        self.lastSeq = lastSeq
+    }
+
     /// The router's events for this record, in order.
     public func events() -> [StatusEvent] {
         let started = RFC3339.parse(startedAt) ?? Date()

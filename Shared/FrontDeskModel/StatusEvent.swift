@@ -43,10 +43,21 @@ public struct StatusEvent: Sendable, Codable, Equatable {
     public struct Route: Sendable, Codable, Equatable {
         public struct Alternative: Sendable, Codable, Equatable {
             public var project: String, target: String, confidence: Double
+            public init(project: String, target: String, confidence: Double) {
+                self.project = project
+                self.target = target
+                self.confidence = confidence
+            }
         }
         public var confidence: Double
         public var reason: String
         public var alternatives: [Alternative]
+
+        public init(confidence: Double, reason: String, alternatives: [Alternative]) {
+            self.confidence = confidence
+            self.reason = reason
+            self.alternatives = alternatives
+        }
     }
 
     public struct ErrorInfo: Sendable, Codable, Equatable {
