@@ -25,7 +25,7 @@ let package = Package(
             resources: [.copy("Resources/routes.example.json")]
         ),
         // Configuration, logs, HTTP probes, metrics, lifecycle.
-        .target(name: "ServiceKit", dependencies: ["AMQP"], path: "Shared/ServiceKit"),
+        .target(name: "ServiceKit", dependencies: ["AMQP", "FrontDeskModel"], path: "Shared/ServiceKit"),
 
         .executableTarget(
             name: "frontdesk-router",

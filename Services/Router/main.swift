@@ -10,13 +10,7 @@ let configuration = ServiceBootstrap.configurationOrExit(
     service: "frontdesk-router",
     summary: "validates and routes Front Desk dispatch requests",
     defaultHTTPPort: 9101)
-let table: RoutingTable
-do {
-    table = try RoutingTable.load(path: configuration.routesPath)
-} catch {
-    FileHandle.standardError.write(Data("frontdesk-router: \(error.message)\n".utf8))
-    exit(2)
-}
+let table = ServiceBootstrap.routingTableOrExit(configuration)
 let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
     try await RouterTopology.declare(on: channel)
 }

@@ -214,27 +214,30 @@ final class SenderTerm {
     }
 
     private func expiredWhileParked(_ d: AMQPDelivery, now: Date) async throws {
-        guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
-            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
-        else { return try d.ack() }
-        let id = parked.record.id
-        let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) }
-            // TTL can run out a little early; the machine fails it at expiresAt.
-            ?? machine.timerFired(now: max(now, machine.expiresAtDate), targetOnline: false, jitter: 0)
-        held[id] = Held(machine: machine, lease: d)
-        try await execute(actions, id: id)
+        // TTL can run out a little early; the machine fails it at expiresAt.
+        try await takeUpWaiting(d, now: now) { machine in
+            machine.timerFired(now: max(now, machine.expiresAtDate), targetOnline: false, jitter: 0)
+        }
     }
 
     /// A retry wait ended in its delay queue: the next attempt, or a wait for an agent.
     private func retryDue(_ d: AMQPDelivery, now: Date) async throws {
+        try await takeUpWaiting(d, now: now) { [self] machine in
+            machine.timerFired(now: max(now, machine.retryAtDate ?? now), targetOnline: online(machine.route), jitter: 0)
+        }
+    }
+
+    /// Takes up a dispatch that waited in the broker (dead-lettered back to
+    /// this sender): a pending cancel wins, else `due` says what happens.
+    private func takeUpWaiting(
+        _ d: AMQPDelivery, now: Date, due: (inout DispatchMachine) -> [DispatchMachine.Action]
+    ) async throws {
         guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
             var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
         else { return try d.ack() }
         let id = parked.record.id
-        guard held[id] == nil, finished[id] == nil else { return try d.ack() }
-        let route = machine.route
-        let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) }
-            ?? machine.timerFired(now: max(now, machine.retryAtDate ?? now), targetOnline: online(route), jitter: 0)
+        guard held[id] == nil, finished[id] == nil else { return try d.ack() }  // a second copy
+        let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) } ?? due(&machine)
         held[id] = Held(machine: machine, lease: d)
         try await execute(actions, id: id)
     }

@@ -10,13 +10,7 @@ let configuration = ServiceBootstrap.configurationOrExit(
     service: "frontdesk-sender",
     summary: "delivers Front Desk dispatches to agents",
     defaultHTTPPort: 9102)
-let table: RoutingTable
-do {
-    table = try RoutingTable.load(path: configuration.routesPath)
-} catch {
-    FileHandle.standardError.write(Data("frontdesk-sender: \(error.message)\n".utf8))
-    exit(2)
-}
+let table = ServiceBootstrap.routingTableOrExit(configuration)
 let logger = Logger(service: configuration.service, level: configuration.logLevel)
 let registry = MetricsRegistry()
 let service = SenderService(configuration: configuration, table: table, logger: logger, metrics: SenderMetrics(registry))

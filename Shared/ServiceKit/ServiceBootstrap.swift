@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import FrontDeskModel
 
 /// What every Front Desk service starts with: its configuration read from
 /// the environment and flags, a logger, metrics, a recovering AMQP client
@@ -28,6 +29,17 @@ public struct ServiceBootstrap: Sendable {
             }
         } catch {
             FileHandle.standardError.write(Data("\(service): \(error.message)\n".utf8))
+            exit(2)
+        }
+    }
+
+    /// Loads the routing table (or the shipped example); a bad table exits 2
+    /// with one sentence naming the problem.
+    public static func routingTableOrExit(_ configuration: ServiceConfiguration) -> RoutingTable {
+        do {
+            return try RoutingTable.load(path: configuration.routesPath)
+        } catch {
+            FileHandle.standardError.write(Data("\(configuration.service): \(error.message)\n".utf8))
             exit(2)
         }
     }
