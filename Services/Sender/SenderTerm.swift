@@ -223,7 +223,8 @@ final class SenderTerm {
     /// A retry wait ended in its delay queue: the next attempt, or a wait for an agent.
     private func retryDue(_ d: AMQPDelivery, now: Date) async throws {
         try await takeUpWaiting(d, now: now) { [self] machine in
-            machine.timerFired(now: max(now, machine.retryAtDate ?? now), targetOnline: online(machine.route), jitter: 0)
+            let due = min(machine.retryAtDate ?? now, machine.expiresAtDate)
+            return machine.timerFired(now: max(now, due), targetOnline: online(machine.route), jitter: 0)
         }
     }
 
@@ -424,7 +425,9 @@ final class SenderTerm {
         // A retry waits in the broker, not here: in a delay queue whose TTL
         // brings it back to frontdesk.sender.retry when it is due.
         if !release, let retryAt = h.machine.retryAtDate {
-            let (queue, ttl) = SenderTopology.delayQueue(ms: Int((retryAt.timeIntervalSince(Date()) * 1000).rounded(.up)))
+            // Back when the retry is due, or when the lifetime ends if that is sooner.
+            let wakeAt = min(retryAt, h.machine.expiresAtDate)
+            let (queue, ttl) = SenderTopology.delayQueue(ms: Int((wakeAt.timeIntervalSince(Date()) * 1000).rounded(.up)))
             if !delayQueues.contains(queue) {
                 try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
                 delayQueues.insert(queue)

@@ -152,3 +152,23 @@ extension BrokerIntegration.SenderFailureTests {
         }
     }
 }
+
+extension BrokerIntegration.SenderFailureTests {
+    @Test func aRetryWaitLongerThanTheLifetimeStillExpiresOnTime() async throws {
+        try await withHarness("sender-retry-expiry") { h in
+            try await h.startRouter(extraEnvironment: ["FRONTDESK_LIFETIME_S": "4"])
+            try await h.startSender(extraEnvironment: ["FRONTDESK_RETRY_BASE_MS": "30000", "FRONTDESK_RETRY_MAX_MS": "30000"])
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .retryableError)
+            try await Task.sleep(for: .milliseconds(800))
+            let started = Date()
+            try await h.publish("dispatch.request", #"{"id":"rx-1","input":"the agm agenda"}"#)
+            let events = try await h.drain(h.statusQueue, quiet: .seconds(7)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            #expect(states(events, "rx-1") == ["drafted", "routing", "sending", "queued", "failed"])
+            let failed = events.last { $0["dispatchId"] as? String == "rx-1" }
+            #expect((failed?["error"] as? [String: Any])?["code"] as? String == "expired")
+            let at = (failed?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
+            #expect((at?.timeIntervalSince(started) ?? 99) < 4 + 5)
+            await agent.stop()
+        }
+    }
+}
