@@ -105,8 +105,8 @@ let parkRate = Double(total) / seconds(ContinuousClock.now - start)
 let agentConnection = try await AMQPConnection.connect(.init(url: url, connectionName: "sender-scale:agent"))
 let agentChannel = try await agentConnection.openChannel()
 try await agentChannel.qos(prefetchCount: 500)
+// Replies go without waiting for confirms: the agent must not be the bottleneck.
 let replies = try await agentConnection.openChannel()
-try await replies.confirmSelect()
 let tasks = try await agentChannel.consume(queue: "frontdesk.agent.yemaya.board-prep")
 let agent = Task {
     do {

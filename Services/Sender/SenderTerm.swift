@@ -2,6 +2,7 @@ import AMQP
 import Foundation
 import FrontDeskModel
 import ServiceKit
+import Synchronization
 
 /// One term of leadership: it lives as long as its connection. Every input
 /// (hand-off, parked dispatch, reply, timer, presence change, command) goes
@@ -34,8 +35,11 @@ final class SenderTerm {
     let policy: RetryPolicy
     let logger: Logger
     let metrics: SenderMetrics
-    let inputs: AsyncStream<Input>
-    let feed: AsyncStream<Input>.Continuation
+    let feed = InputQueue<Input>()
+    /// Messages of the inputs handled so far in this batch, published in one
+    /// window by `flush()`; then the leases they settle are acked.
+    var pendingMessages: [OutboundMessage] = []
+    var pendingAcks: [AMQPDelivery] = []
 
     var held: [String: Held] = [:]
     /// Dispatches this term finished, and when: a late duplicate of one (a
@@ -60,7 +64,6 @@ final class SenderTerm {
         self.policy = policy
         self.logger = logger
         self.metrics = metrics
-        (inputs, feed) = AsyncStream<Input>.makeStream()
     }
 
     func online(_ r: RoutingTable.Route) -> Bool { (presence[r]?.consumers ?? 0) > 0 }
@@ -79,9 +82,24 @@ final class SenderTerm {
             for f in forwarders { f.cancel() }
             for h in held.values { h.timer?.cancel() }
         }
-        for await input in inputs {
-            try await handle(input)
+        // Whatever gathered while the last batch was handled is handled
+        // together: one publish window, then the acks.
+        while let batch = await feed.next() {
+            for input in batch { try await handle(input) }
+            try await flush()
         }
+    }
+
+    /// Publishes what this batch produced (confirmed), then acks the leases it settled.
+    func flush() async throws {
+        if !pendingMessages.isEmpty {
+            let messages = pendingMessages
+            pendingMessages = []
+            for result in try await publisher.publish(messages) { try result.get() }
+        }
+        let acks = pendingAcks
+        pendingAcks = []
+        for lease in acks { try lease.ack() }
     }
 
     private func forward(queue: String, prefetch: UInt16, _ wrap: @escaping @Sendable (AMQPDelivery) -> Input) async throws {
@@ -97,7 +115,7 @@ final class SenderTerm {
     }
 
     /// Every 300 ms: consumers on each agent queue and messages in each park queue.
-    static func pollPresence(connection: AMQPConnection, table: RoutingTable, feed: AsyncStream<Input>.Continuation) async {
+    static func pollPresence(connection: AMQPConnection, table: RoutingTable, feed: InputQueue<Input>) async {
         guard let channel = try? await connection.openChannel() else { return feed.finish() }
         while !Task.isCancelled {
             var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
@@ -140,7 +158,7 @@ final class SenderTerm {
                 held[reply.dispatchId] = h
                 try await execute(actions, id: reply.dispatchId)
             }
-            try d.ack()
+            pendingAcks.append(d)  // after the events it caused are confirmed
         case .timer(let id, let generation):
             guard var h = held[id], h.timerGeneration == generation else { return }
             let actions = h.machine.timerFired(now: now, targetOnline: online(h.machine.route), jitter: Double.random(in: 0..<1))
@@ -255,7 +273,7 @@ final class SenderTerm {
             held[id] = h
             try await execute(actions, id: id)
             metrics.commands.increment("cancel")
-            return try d.ack()
+            return pendingAcks.append(d)
         }
         if !isCancel, var h = held[id], let p = o["project"] as? String, let t = o["target"] as? String,
             let parts = table.eventParts(.init(project: p, target: t))
@@ -264,7 +282,7 @@ final class SenderTerm {
             let outcome = h.machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: online(route))
             held[id] = h
             if case .moved(let actions) = outcome { try await execute(actions, id: id) }
-            return try d.ack()
+            return pendingAcks.append(d)
         }
         // Not held: if it waits in the park queue of a target without agents,
         // act on it now; else remember it for when the dispatch shows up.
@@ -287,6 +305,8 @@ final class SenderTerm {
                 if !actions.isEmpty {
                     held[id] = Held(machine: machine, lease: lease)
                     try await execute(actions, id: id)
+                    // The lease lives on the scan channel: settle it before that closes.
+                    try await flush()
                     if !isCancel { return try d.ack() }
                 } else {
                     try lease.nack(requeue: true)
@@ -363,7 +383,7 @@ final class SenderTerm {
             metrics.parked.set(Double(now_.parked), route.description)
             if isOnline, now_.parked > 0, parkConsumers[route] == nil {
                 let channel = try await connection.openChannel()
-                try await channel.qos(prefetchCount: 20)
+                try await channel.qos(prefetchCount: 200)
                 let consumer = try await channel.consume(queue: SenderTopology.parkQueue(route))
                 parkConsumers[route] = consumer
                 forwarders.append(Task { [feed] in
@@ -438,7 +458,7 @@ final class SenderTerm {
                 mandatory: true))
             release = true
         }
-        for result in try await publisher.publish(messages) { try result.get() }
+        pendingMessages += messages
         h.timer?.cancel()
         if release {
             held[id] = nil
@@ -454,7 +474,7 @@ final class SenderTerm {
                     accepted = accepted.filter { $0.value > horizon }
                 }
             }
-            try h.lease.ack()
+            pendingAcks.append(h.lease)
             return
         }
         if case .some(let date) = timer {
@@ -485,4 +505,35 @@ actor DeliveryBox {
     private(set) var all: [AMQPDelivery] = []
     var count: Int { all.count }
     func append(_ d: AMQPDelivery) { all.append(d) }
+}
+
+/// Inputs gathered from several tasks, taken by the term's loop in batches.
+final class InputQueue<Element: Sendable>: Sendable {
+    private let buffer = Mutex<(items: [Element], finished: Bool)>(([], false))
+    private let signal = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+
+    func yield(_ element: Element) {
+        buffer.withLock { $0.items.append(element) }
+        signal.continuation.yield()
+    }
+
+    func finish() {
+        buffer.withLock { $0.finished = true }
+        signal.continuation.yield()
+    }
+
+    /// Everything gathered so far (waiting for at least one), or nil once finished.
+    func next() async -> [Element]? {
+        var iterator = signal.stream.makeAsyncIterator()
+        while true {
+            let (items, finished) = buffer.withLock { b -> ([Element], Bool) in
+                let items = b.items
+                b.items = []
+                return (items, b.finished)
+            }
+            if finished { return nil }
+            if !items.isEmpty { return items }
+            guard await iterator.next() != nil else { return nil }
+        }
+    }
 }
