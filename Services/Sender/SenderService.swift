@@ -83,14 +83,44 @@ final class SenderService: Service {
         let publisher = try await connection.openChannel()
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
+        let statusLog = try await followStatusLog(connection, publisher)
         let term = SenderTerm(
             connection: connection, publisher: publisher, table: table,
             policy: RetryPolicy(
                 baseMs: configuration.retry.baseMs, maxMs: configuration.retry.maxMs,
                 maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds,
                 lifetimeSeconds: configuration.lifetimeSeconds),
-            logger: logger, metrics: metrics)
+            logger: logger, metrics: metrics, statusLog: statusLog.log)
+        defer { statusLog.reader.cancel() }
         try await term.run(replayedCommands: replayed)
+    }
+
+    /// Reads the status log from the lifetime window's start, up to a marker
+    /// of our own, then keeps reading it for the rest of the term.
+    private func followStatusLog(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> (log: StatusLog, reader: Task<Void, Never>) {
+        let log = StatusLog()
+        let channel = try await connection.openChannel()
+        try await channel.qos(prefetchCount: 2000)
+        let since = UInt64(Date().timeIntervalSince1970) - UInt64(configuration.lifetimeSeconds) - 60
+        let consumer = try await channel.consume(queue: SenderTopology.statusLog, arguments: ["x-stream-offset": .timestamp(since)])
+        let lifetime = configuration.lifetimeSeconds
+        let reader = Task {
+            var count = 0
+            do {
+                for try await d in consumer {
+                    log.ingest(d)
+                    count += 1
+                    if count % 100 == 0 { try? d.ack(multiple: true) }
+                    if count % 50_000 == 0 { log.prune(olderThan: lifetime) }
+                }
+            } catch {}
+        }
+        let marker = "marker-\(UUID().uuidString)"
+        try await publisher.publish(OutboundMessage(
+            exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
+            properties: AMQPProperties(messageID: marker, type: "frontdesk.sender.marker.v1")))
+        await log.waitFor(marker: marker)
+        return (log, reader)
     }
 
     /// Reads the commands stream to its end (marked by a message of our own).

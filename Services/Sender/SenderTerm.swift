@@ -57,7 +57,14 @@ final class SenderTerm {
     var parkConsumers: [RoutingTable.Route: AMQPConsumer] = [:]
     var forwarders: [Task<Void, Never>] = []
 
-    init(connection: AMQPConnection, publisher: AMQPChannel, table: RoutingTable, policy: RetryPolicy, logger: Logger, metrics: SenderMetrics) {
+    /// What the status events published so far say (earlier leaders included).
+    let statusLog: StatusLog
+
+    init(
+        connection: AMQPConnection, publisher: AMQPChannel, table: RoutingTable, policy: RetryPolicy, logger: Logger,
+        metrics: SenderMetrics, statusLog: StatusLog
+    ) {
+        self.statusLog = statusLog
         self.connection = connection
         self.publisher = publisher
         self.table = table
@@ -169,20 +176,31 @@ final class SenderTerm {
         }
     }
 
-    private func seqFloor(_ d: AMQPDelivery, base: Int) -> Int {
-        // A lease handed back by a dead leader: number above anything it may have published.
+    /// The seq to number above: what the status log shows for the dispatch,
+    /// and for a lease handed back by a dead leader a margin above anything
+    /// it may have published that the log has not shown yet.
+    private func seqFloor(_ d: AMQPDelivery, base: Int, id: String) -> Int {
         let count = Int(d.properties.headers?["x-delivery-count"]?.intValue ?? (d.redelivered ? 1 : 0))
-        return base + count * 100_000
+        return max(base, statusLog[id]?.lastSeq ?? 0) + count * 1000
     }
+
+    /// True when the status log shows the dispatch ended: anything more for it is a late copy.
+    private func alreadyEnded(_ id: String) -> Bool { statusLog[id]?.terminal == true || finished[id] != nil }
 
     private func handOff(_ d: AMQPDelivery, now: Date) async throws {
         guard let record = try? JSONDecoder().decode(DispatchRecord.self, from: d.body),
-            var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(d, base: 2))
+            var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(d, base: 2, id: record.id))
         else {
             logger.warning("unreadable hand-off dropped", [("message_id", .string(d.properties.messageID ?? ""))])
             return try d.ack()
         }
-        guard held[record.id] == nil, accepted[record.id] == nil, finished[record.id] == nil else {
+        // A hand-off sent again (by a router that died before its ack): the
+        // sender has published for this dispatch already. A redelivered one is
+        // a lease to resume, unless the dispatch ended.
+        let publishedBefore = (statusLog[record.id]?.lastSeq ?? 0) > 2
+        guard held[record.id] == nil, accepted[record.id] == nil, !alreadyEnded(record.id),
+            d.redelivered || !publishedBefore
+        else {
             logger.info("duplicate hand-off dropped", [("dispatch_id", .string(record.id))])
             return try d.ack()
         }
@@ -206,10 +224,10 @@ final class SenderTerm {
 
     private func takeUpParked(_ d: AMQPDelivery, route: RoutingTable.Route, now: Date) async throws {
         guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
-            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
+            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
         else { return try d.ack() }
         let id = parked.record.id
-        guard held[id] == nil, finished[id] == nil else { return try d.ack() }  // a second copy
+        guard held[id] == nil, !alreadyEnded(id) else { return try d.ack() }  // a second copy
         if let reason = pendingCancels[id] {
             let actions = machine.cancelRequested(reason: reason, now: now)
             held[id] = Held(machine: machine, lease: d)
@@ -252,10 +270,10 @@ final class SenderTerm {
         _ d: AMQPDelivery, now: Date, due: (inout DispatchMachine) -> [DispatchMachine.Action]
     ) async throws {
         guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
-            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq))
+            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
         else { return try d.ack() }
         let id = parked.record.id
-        guard held[id] == nil, finished[id] == nil else { return try d.ack() }  // a second copy
+        guard held[id] == nil, !alreadyEnded(id) else { return try d.ack() }  // a second copy
         let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) } ?? due(&machine)
         held[id] = Held(machine: machine, lease: d)
         try await execute(actions, id: id)
@@ -289,7 +307,7 @@ final class SenderTerm {
         if let found = try await findParked(id) {
             let (lease, parked, channel) = found
             defer { Task { await channel.close() } }
-            if var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(lease, base: parked.lastSeq)) {
+            if var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(lease, base: parked.lastSeq, id: id)) {
                 var actions: [DispatchMachine.Action] = []
                 if isCancel {
                     actions = machine.cancelRequested(reason: (o["reason"] as? String) ?? "user", now: now)

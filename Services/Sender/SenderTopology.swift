@@ -34,6 +34,10 @@ enum SenderTopology {
         ])
     }
 
+    /// Every status event, kept for a day: how a new leader learns what was
+    /// published before it (and what `frontdesk watch` can replay).
+    static let statusLog = "frontdesk.status.log"
+
     /// Cancels and reroutes for dispatches this sender does not hold yet. A stream, replayed by each new leader.
     static let commands = "frontdesk.sender.commands"
 
@@ -49,6 +53,8 @@ enum SenderTopology {
         try await channel.queueDeclare(retry, arguments: quorum)
         try await channel.queueDeclare(leader, arguments: ["x-queue-type": "quorum", "x-max-length": 1, "x-overflow": "reject-publish"])
         try await channel.queueDeclare(commands, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
+        try await channel.queueDeclare(statusLog, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
+        try await channel.queueBind(statusLog, exchange: SharedTopology.statusExchange, routingKey: "status.#")
         for route in table.routes {
             try await channel.queueDeclare(agentQueue(route), arguments: quorum)
             try await channel.queueDeclare(parkQueue(route), arguments: [

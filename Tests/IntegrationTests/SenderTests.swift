@@ -179,3 +179,23 @@ extension BrokerIntegration.SenderTests {
         }
     }
 }
+
+extension BrokerIntegration.SenderTests {
+    @Test func aDuplicateHandOffUnderANewLeaderIsDroppedToo() async throws {
+        try await withHarness("sender-dup-across-terms") { h in
+            let first = try await h.startSender()
+            let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2, type: "frontdesk.handoff.dispatch.v1")
+            try await h.channel.publish(exchange: "", routingKey: "frontdesk.sender.inbox", body: handOff("dup-2"), properties: properties)
+            #expect(history(try await h.events(), "dup-2") == ["queued"])
+            kill(first.processIdentifier, SIGKILL)
+            try await h.startSender()
+            try await h.channel.publish(exchange: "", routingKey: "frontdesk.sender.inbox", body: handOff("dup-2"), properties: properties)
+            #expect(history(try await h.events(), "dup-2").isEmpty)
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            let events = try await h.events()
+            #expect(history(events, "dup-2") == ["sending", "sending", "sending", "replied"])
+            #expect(await agent.tasks.all.count == 1)
+            await agent.stop()
+        }
+    }
+}
