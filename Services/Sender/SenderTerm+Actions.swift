@@ -1,0 +1,101 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+import ServiceKit
+
+extension SenderTerm {
+    // MARK: Actions
+
+    /// Carries out a machine's actions: publishes (confirmed, in order), the
+    /// timer, and the lease (acked once the dispatch is parked anew or finished).
+    func execute(_ actions: [DispatchMachine.Action], id: String) async throws {
+        guard var h = held[id] else { return }
+        var messages: [OutboundMessage] = []
+        var release = false
+        var timer: Date?? = nil
+        for action in actions {
+            switch action {
+            case .deliver(let attempt):
+                let task = AgentTask(h.machine, attempt: attempt)
+                messages.append(OutboundMessage(
+                    exchange: "", routingKey: SenderTopology.agentQueue(h.machine.route), body: task.jsonData(),
+                    properties: .persistentJSON(messageID: task.messageID, correlationID: id, type: AgentTask.type)
+                        .with(replyTo: SenderTopology.replies), mandatory: true))
+                metrics.deliveries.increment()
+            case .publish(let event):
+                messages.append(OutboundMessage(
+                    exchange: SharedTopology.statusExchange, routingKey: event.routingKey, body: event.jsonData(),
+                    properties: .persistentJSON(messageID: event.messageID, correlationID: id, type: StatusEvent.type)))
+                metrics.events.increment(event.state.rawValue)
+                if event.state == .queued, event.queue?.reason == "retry_wait" { metrics.retries.increment("retry_wait") }
+            case .park:
+                let remainingMs = max(1, Int(h.machine.expiresAtDate.timeIntervalSince(Date()) * 1000))
+                var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(h.machine.lastSeq)", correlationID: id, type: ParkedDispatch.type)
+                properties.expiration = String(remainingMs)
+                messages.append(OutboundMessage(
+                    exchange: "", routingKey: SenderTopology.parkQueue(h.machine.route), body: h.machine.parked.jsonData(),
+                    properties: properties, mandatory: true))
+                release = true
+            case .setTimer(let date):
+                timer = .some(date)
+            case .finish:
+                release = true
+            }
+        }
+        // A retry waits in the broker, not here: in a delay queue whose TTL
+        // brings it back to frontdesk.sender.retry when it is due.
+        if !release, let retryAt = h.machine.retryAtDate {
+            // Back when the retry is due, or when the lifetime ends if that is sooner.
+            let wakeAt = min(retryAt, h.machine.expiresAtDate)
+            let (queue, ttl) = SenderTopology.delayQueue(ms: Int((wakeAt.timeIntervalSince(Date()) * 1000).rounded(.up)))
+            if !delayQueues.contains(queue) {
+                try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
+                delayQueues.insert(queue)
+            }
+            messages.append(OutboundMessage(
+                exchange: "", routingKey: queue, body: h.machine.parked.jsonData(),
+                properties: .persistentJSON(messageID: "\(id)/retry/\(h.machine.attempt)", correlationID: id, type: ParkedDispatch.type),
+                mandatory: true))
+            release = true
+        }
+        pendingMessages += messages
+        h.timer?.cancel()
+        if release {
+            held[id] = nil
+            if case .finished(let state) = h.machine.phase {
+                metrics.dispatches.increment(state.rawValue)
+                finished[id] = Date()
+                if state == .replied, let started = RFC3339.parse(h.machine.record.startedAt) {
+                    metrics.replyTime.observe(Date().timeIntervalSince(started))
+                }
+                if finished.count % 1024 == 0 {
+                    let horizon = Date().addingTimeInterval(-Double(policy.lifetimeSeconds))
+                    finished = finished.filter { $0.value > horizon }
+                    accepted = accepted.filter { $0.value > horizon }
+                }
+            }
+            pendingAcks.append(h.lease)
+            return
+        }
+        if case .some(let date) = timer {
+            h.timerGeneration += 1
+            h.timer = date.map { deadline in
+                let generation = h.timerGeneration
+                return Task { [feed] in
+                    let wait = deadline.timeIntervalSinceNow
+                    if wait > 0 { try? await Task.sleep(for: .milliseconds(Int(wait * 1000) + 1)) }
+                    if !Task.isCancelled { feed.yield(.timer(id, generation)) }
+                }
+            }
+        }
+        held[id] = h
+    }
+}
+
+extension AMQPProperties {
+    func with(replyTo: String) -> AMQPProperties {
+        var p = self
+        p.replyTo = replyTo
+        return p
+    }
+}
