@@ -172,3 +172,29 @@ extension BrokerIntegration.SenderFailureTests {
         }
     }
 }
+
+extension BrokerIntegration.SenderFailureTests {
+    @Test func killedWhileAnAgentIsMidReplyEndsExactlyOnce() async throws {
+        try await withHarness("sender-kill-mid-reply") { h in
+            try await h.startRouter()
+            let first = try await h.startSender()
+            try await Task.sleep(for: .milliseconds(500))
+            try await h.startSender()  // standby
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .slowStream)
+            try await Task.sleep(for: .milliseconds(800))
+            try await h.publish("dispatch.request", #"{"id":"mr-1","input":"the agm agenda"}"#)
+            try await Task.sleep(for: .milliseconds(900))  // mid-stream
+            kill(first.processIdentifier, SIGKILL)
+            let deliveries = try await h.drain(h.statusQueue, quiet: .seconds(4))
+            let events = deliveries.map { try! JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            let history = states(events, "mr-1")
+            #expect(history.filter { ["replied", "failed", "cancelled"].contains($0) } == ["replied"])
+            #expect(history.last == "replied", "nothing after the terminal state: \(history)")
+            let s = seqs(events, "mr-1")
+            #expect(s == s.sorted() && Set(s).count == s.count, "seq only grows: \(s)")
+            // The task may come twice (the same message id): agents are told so by the contract.
+            #expect(Set(await agent.tasks.all.compactMap(\.properties.messageID)) == ["mr-1/1"])
+            await agent.stop()
+        }
+    }
+}

@@ -9,7 +9,7 @@ final class TestAgent: Sendable {
     let worker: Task<Void, Never>
     let tasks = CollectedElements<AMQPDelivery>()
 
-    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, failFirstAttempt }
+    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, failFirstAttempt, slowStream }
 
     init(url: AMQPURL, queue: String, behaviour: Behaviour = .reply) async throws {
         connection = try await AMQPConnection.connect(.init(url: url, connectionName: "test-agent:\(queue)"))
@@ -46,6 +46,14 @@ final class TestAgent: Sendable {
                         try await reply(["kind": "error", "error": ["code": "bad_input", "message": "cannot do that"], "retryable": false])
                     case .silent:
                         break
+                    case .slowStream:
+                        var text = ""
+                        for step in 1...5 {
+                            text += "line \(step)\n"
+                            try await reply(["kind": "progress", "text": text, "activity": "Writing", "etaMs": (5 - step) * 300])
+                            try await Task.sleep(for: .milliseconds(300))
+                        }
+                        try await reply(["kind": "final", "text": text + "done"])
                     }
                     try task.ack()
                 }
