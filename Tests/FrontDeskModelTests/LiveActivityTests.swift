@@ -1,0 +1,95 @@
+import Foundation
+@testable import FrontDeskModel
+import Testing
+
+@Suite("Live Activity view model")
+struct LiveActivityTests {
+    let input = "Reply to Lisa about the AGM agenda — short, confirm 14:00"
+
+    func event(_ state: DispatchState, seq: Int, step: Int, activity: String, at seconds: Double = 4) -> StatusEvent {
+        var e = StatusEvent(
+            dispatchId: "d-1", seq: seq, state: state, step: step, activity: activity, input: input,
+            startedAt: RFC3339.format(Date(timeIntervalSince1970: 1_778_665_260)),
+            at: RFC3339.format(Date(timeIntervalSince1970: 1_778_665_260 + seconds)), elapsedMs: Int(seconds * 1000),
+            expiresAt: RFC3339.format(Date(timeIntervalSince1970: 1_778_665_260 + 14_400)))
+        if state != .drafted {
+            e.project = .init(id: "yemaya", name: "Yemaya", glyph: "YE", accent: "#6E56CF")
+            e.target = .init(id: "board-prep", name: "Board Prep")
+        }
+        return e
+    }
+
+    let now = Date(timeIntervalSince1970: 1_778_665_264)
+
+    @Test func sendingLooksLikeTheSeed() throws {
+        var state = LiveActivityState()
+        var e = event(.sending, seq: 5, step: 2, activity: "Drafting reply")
+        e.preview = ["Hi Lisa, confirmed for 14:00 on Thursday.", "The agenda"]
+        e.etaMs = 2000
+        state.apply(e)
+        let v = try #require(state.view(now: now))
+        #expect(v.title == "Front Desk · live")
+        #expect(v.routeLine == "Yemaya · Board Prep")
+        #expect(v.glyph == "YE" && v.accent == "#6E56CF")
+        #expect(v.input == input)
+        #expect(v.statusLine == "Drafting reply · step 2 / 3")
+        #expect(v.bars == [.done, .done, .current])
+        #expect(v.elapsed == "0:04 elapsed" && v.eta == "~2s")
+        #expect(v.preview == ["Hi Lisa, confirmed for 14:00 on Thursday.", "The agenda"])
+        #expect(v.canCancel && !v.isQueued && v.bestGuess == nil)
+    }
+
+    @Test func offlineQueuedShowsTheBestGuessAndNoProgress() throws {
+        var state = LiveActivityState()
+        var e = event(.queued, seq: 3, step: 1, activity: "Queued — will dispatch on reconnect")
+        e.queue = .init(reason: "agent_offline")
+        e.etaMs = 5000  // never shown while queued
+        state.apply(e)
+        let v = try #require(state.view(now: now))
+        #expect(v.title == "Front Desk · queued")
+        #expect(v.bestGuess == "Best guess: Yemaya / Board Prep")
+        #expect(v.footer == "will dispatch on reconnect")
+        #expect(v.bars == [.done, .pending, .pending])
+        #expect(v.eta == nil && v.isQueued && v.canCancel)
+    }
+
+    @Test(arguments: [
+        (DispatchState.drafted, 0, [LiveActivity.Bar.current, .pending, .pending]),
+        (.routing, 1, [.done, .current, .pending]),
+        (.replied, 3, [.done, .done, .done]),
+        (.failed, 2, [.done, .done, .pending]),
+        (.cancelled, 1, [.done, .pending, .pending]),
+    ])
+    func barsForEachState(_ state: DispatchState, _ step: Int, _ bars: [LiveActivity.Bar]) throws {
+        var s = LiveActivityState()
+        s.apply(event(state, seq: 9, step: step, activity: "x"))
+        #expect(try #require(s.view(now: now)).bars == bars)
+    }
+
+    @Test func endsStopTheClockAndHideCancel() throws {
+        var s = LiveActivityState()
+        var failed = event(.failed, seq: 7, step: 2, activity: "Failed", at: 75)
+        failed.error = .init(code: "agent_error", message: "the agent failed")
+        s.apply(failed)
+        let v = try #require(s.view(now: now.addingTimeInterval(3600)))
+        #expect(v.statusLine == "Failed — the agent failed")
+        #expect(v.elapsed == "1:15 elapsed")
+        #expect(!v.canCancel && v.isFinished)
+    }
+
+    @Test func olderOrRepeatedEventsAreDropped() {
+        var s = LiveActivityState()
+        let first = s.apply(event(.sending, seq: 5, step: 2, activity: "a"))
+        let late = s.apply(event(.routing, seq: 2, step: 1, activity: "late"))
+        let repeated = s.apply(event(.sending, seq: 5, step: 2, activity: "again"))
+        #expect(first && !late && !repeated)
+        #expect(s.latest?.activity == "a")
+        let newer = s.apply(event(.replied, seq: 6, step: 3, activity: "Agent replied"))
+        #expect(newer)
+    }
+
+    @Test(arguments: [(4.0, "0:04"), (75, "1:15"), (3723, "1:02:03"), (-3, "0:00")])
+    func clock(_ seconds: Double, _ text: String) {
+        #expect(LiveActivityState.clock(seconds) == text)
+    }
+}
