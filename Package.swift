@@ -8,6 +8,7 @@ let package = Package(
     products: [
         .executable(name: "frontdesk-router", targets: ["frontdesk-router"]),
         .executable(name: "frontdesk-sender", targets: ["frontdesk-sender"]),
+        .executable(name: "frontdesk", targets: ["frontdesk"]),
     ],
     targets: [
         // C: the calls Swift cannot make into rabbitmq-c (variadic, macros).
@@ -37,6 +38,9 @@ let package = Package(
             dependencies: ["AMQP", "ServiceKit", "FrontDeskModel"],
             path: "Services/Sender"
         ),
+
+        // The command line: dispatch, watch, cancel, reroute, route, agent.
+        .executableTarget(name: "frontdesk", dependencies: ["AMQP", "FrontDeskModel"], path: "Tools/CLI"),
 
         // Benchmarks: print figures, assert nothing about speed.
         .executableTarget(name: "amqp-bench", dependencies: ["AMQP"], path: "Benchmarks/AMQPBench"),

@@ -294,3 +294,24 @@ extension RouteResolver {
         return best
     }
 }
+
+extension RouteResolver {
+    /// One target's score for an input, and the entries that matched: what
+    /// `frontdesk route` prints to explain a resolution.
+    public struct TargetScore: Sendable, Equatable {
+        public var route: RoutingTable.Route
+        public var score: Int
+        public var matched: [String]
+    }
+
+    /// Every target with a non-zero score, best first (ties in table order).
+    public func explain(_ input: String) -> [TargetScore] {
+        let text = NormalizedText(input)
+        return targets.enumerated().compactMap { index, t -> (Int, TargetScore)? in
+            let s = score(t, text)
+            return s.score > 0 ? (index, TargetScore(route: t.route, score: s.score, matched: s.matched.map(\.label))) : nil
+        }
+        .sorted { $0.1.score != $1.1.score ? $0.1.score > $1.1.score : $0.0 < $1.0 }
+        .map(\.1)
+    }
+}

@@ -93,3 +93,28 @@ struct LiveActivityTests {
         #expect(LiveActivityState.clock(seconds) == text)
     }
 }
+
+@Suite("Topic patterns and explanations")
+struct TopicPatternTests {
+    @Test(arguments: [
+        ("status.#", "status._._.drafted", true),
+        ("status.yemaya.#", "status.yemaya.board-prep.sending", true),
+        ("status.yemaya.#", "status.yemayab.x.sending", false),
+        ("status.*.*.replied", "status.acme.legal.replied", true),
+        ("status.*.*.replied", "status.acme.legal.failed", false),
+        ("#", "anything.at.all", true),
+        ("status.#.replied", "status.replied", true),
+        ("a.*", "a", false),
+    ])
+    func matches(_ pattern: String, _ key: String, _ expected: Bool) {
+        #expect(TopicPattern(pattern).matches(key) == expected)
+    }
+
+    @Test func explainListsEveryScoringTargetWithItsWords() throws {
+        let resolver = RouteResolver(table: try RoutingTable.example())
+        let scores = resolver.explain("Reply to Lisa about the AGM agenda and the donor gala")
+        #expect(scores.map(\.route.description) == ["yemaya/board-prep", "yemaya/fundraising"])
+        #expect(scores[0].score == 3 && scores[0].matched == ["agm", "agenda", "Lisa"])
+        #expect(scores[1].matched == ["donor", "gala"])
+    }
+}

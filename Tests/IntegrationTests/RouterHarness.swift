@@ -12,7 +12,7 @@ final class RouterHarness: @unchecked Sendable {
     let vhost: String
     let url: AMQPURL
     let tableFile: String
-    var processes: [Process] = []
+    var processes: [Process] = []  // every process a test starts, killed by stop()
     var connection: AMQPConnection
     var channel: AMQPChannel
     let statusQueue: String

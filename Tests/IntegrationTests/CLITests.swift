@@ -1,0 +1,82 @@
+import AMQP
+import Foundation
+import Testing
+
+extension BrokerIntegration {
+    @Suite("frontdesk command line", .timeLimit(.minutes(2)))
+    struct CLITests {
+        /// Runs `frontdesk` with `arguments` against the harness's vhost; returns exit status and stdout.
+        func frontdesk(_ h: RouterHarness, _ arguments: [String], timeout: Duration = .seconds(20)) async throws -> (Int32, String) {
+            let p = Process()
+            p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent("frontdesk")
+            p.arguments = arguments + ["--amqp-url", "amqp://guest:guest@\(h.url.host):\(h.url.port)/\(h.vhost)"]
+            let out = FileManager.default.temporaryDirectory.appendingPathComponent("cli-\(UUID().uuidString)")
+            _ = FileManager.default.createFile(atPath: out.path, contents: nil)
+            defer { try? FileManager.default.removeItem(at: out) }
+            p.standardOutput = try FileHandle(forWritingTo: out)
+            p.standardError = FileHandle.nullDevice
+            try p.run()
+            let deadline = ContinuousClock.now + timeout
+            while p.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+            if p.isRunning { p.terminate() }
+            p.waitUntilExit()
+            return (p.terminationStatus, try String(contentsOf: out, encoding: .utf8))
+        }
+
+        func agent(_ h: RouterHarness, _ target: String) throws -> Process {
+            let p = Process()
+            p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent("frontdesk")
+            p.arguments = ["agent", "--target", target, "--delay-ms", "50", "--amqp-url", "amqp://guest:guest@\(h.url.host):\(h.url.port)/\(h.vhost)"]
+            p.standardOutput = FileHandle.nullDevice
+            p.standardError = FileHandle.nullDevice
+            try p.run()
+            h.processes.append(p)
+            return p
+        }
+
+        func states(_ jsonLines: String) -> [String] {
+            jsonLines.split(separator: "\n").compactMap {
+                (try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])?["state"] as? String
+            }
+        }
+
+        @Test func dispatchFollowsTheSeedRequestToRepliedWithTheReferenceAgent() async throws {
+            try await withHarness("cli-dispatch") { h in
+                try await h.startRouter()
+                try await h.startSender()
+                _ = try agent(h, "yemaya/board-prep")
+                try await Task.sleep(for: .seconds(1))
+                let (status, out) = try await frontdesk(h, ["dispatch", "Reply to Lisa about the AGM agenda — short, confirm 14:00", "--json", "--id", "cli-1"])
+                #expect(status == 0)
+                let s = states(out)
+                #expect(s.first == "drafted" && s.last == "replied" && s.contains("sending"))
+                let last = try JSONSerialization.jsonObject(with: Data(out.split(separator: "\n").last!.utf8)) as? [String: Any]
+                #expect((last?["reply"] as? String)?.contains("Confirmed for 14:00") == true)
+                // watch replays it from the status log.
+                let (_, watched) = try await frontdesk(h, ["watch", "status.yemaya.#", "--json"], timeout: .seconds(3))
+                #expect(states(watched).suffix(1) == ["replied"])
+                #expect(!states(watched).contains("drafted"))  // drafted is status._._.drafted: not in this pattern
+            }
+        }
+
+        @Test func aFailingAgentEndsTheDispatchWithExitOne() async throws {
+            try await withHarness("cli-fail") { h in
+                try await h.startRouter()
+                try await h.startSender()
+                let p = Process()
+                p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent("frontdesk")
+                p.arguments = ["agent", "--target", "acme/legal", "--fail", "--amqp-url", "amqp://guest:guest@\(h.url.host):\(h.url.port)/\(h.vhost)"]
+                p.standardOutput = FileHandle.nullDevice
+                p.standardError = FileHandle.nullDevice
+                try p.run()
+                h.processes.append(p)
+                try await Task.sleep(for: .seconds(1))
+                let (status, out) = try await frontdesk(h, ["dispatch", "sign the contract", "--project", "acme", "--target", "legal", "--json"])
+                #expect(status == 1)
+                #expect(states(out).last == "failed")
+                let (usage, _) = try await frontdesk(h, ["reroute", "only-an-id"])
+                #expect(usage == 2)
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+
+/// `frontdesk agent --target PROJECT/TARGET`: a reference agent. It streams a
+/// plausible reply in progress steps with an honest ETA (the time its
+/// remaining steps take), then the final reply.
+func agentCommand(_ args: Arguments) async throws -> Int32 {
+    guard let target = args.options["target"], target.split(separator: "/").count == 2 else {
+        throw CLIUsageError("agent needs --target PROJECT/TARGET")
+    }
+    let delayMs = try args.int("delay-ms", default: 300)
+    var failRetryable = try args.int("fail-retryable", default: 0)
+    let fail = args.switches.contains("fail"), noEta = args.switches.contains("no-eta")
+    let queue = "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")
+    let connection = try await connect(args, name: "agent \(target)")
+    let channel = try await connection.openChannel()
+    try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+    try await channel.qos(prefetchCount: 1)
+    let replies = try await connection.openChannel()
+    try await replies.confirmSelect()
+    FileHandle.standardError.write(Data("frontdesk agent: serving \(queue)\n".utf8))
+    for try await delivery in try await channel.consume(queue: queue) {
+        guard let task = try? JSONDecoder().decode(AgentTask.self, from: delivery.body) else {
+            try delivery.reject(requeue: false)
+            continue
+        }
+        func reply(_ fields: [String: Any]) async throws {
+            var all = fields
+            all["dispatchId"] = task.dispatchId
+            all["attempt"] = task.attempt
+            try await replies.publish(
+                exchange: "", routingKey: delivery.properties.replyTo ?? "frontdesk.replies",
+                body: try JSONSerialization.data(withJSONObject: all), properties: .persistentJSON(correlationID: task.dispatchId))
+        }
+        if fail {
+            try await reply(["kind": "error", "error": ["code": "agent_refused", "message": "this agent was told to fail"], "retryable": false])
+        } else if failRetryable > 0 {
+            failRetryable -= 1
+            try await reply(["kind": "error", "error": ["code": "busy", "message": "busy, try again"], "retryable": true])
+        } else {
+            let lines = draft(for: task)
+            try await reply(["kind": "accepted", "activity": "Reading the request"])
+            for i in lines.indices {
+                try await Task.sleep(for: .milliseconds(delayMs))
+                var progress: [String: Any] = ["kind": "progress", "text": lines[...i].joined(separator: "\n"), "activity": "Drafting reply"]
+                if !noEta { progress["etaMs"] = (lines.count - 1 - i) * delayMs + delayMs }
+                try await reply(progress)
+            }
+            try await reply(["kind": "final", "text": lines.joined(separator: "\n")])
+        }
+        try delivery.ack()
+    }
+    return 0
+}
+
+/// A short, plausible reply to the request.
+func draft(for task: AgentTask) -> [String] {
+    let name = task.input.split(separator: " ").dropFirst(2).first.map(String.init)?.trimmingCharacters(in: .punctuationCharacters)
+    let time = task.input.range(of: #"\d{1,2}:\d{2}"#, options: .regularExpression).map { String(task.input[$0]) }
+    return [
+        "Hi \(name ?? "there"),",
+        time.map { "Confirmed for \($0) on Thursday." } ?? "Confirmed.",
+        "The agenda is attached; reply here with any changes.",
+        "— sent for \(task.project.name) / \(task.target.name)",
+    ]
+}

@@ -1,0 +1,34 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+
+/// `frontdesk watch [PATTERN]`: every dispatch in flight, as it moves. It
+/// reads the status log stream from the lifetime window's start, so a
+/// dispatch begun before watch started shows up with its current state.
+func watchCommand(_ args: Arguments) async throws -> Int32 {
+    let pattern = TopicPattern(args.positionals.first ?? "status.#")
+    let json = args.switches.contains("json") || !stdoutIsTerminal
+    let lifetime = UInt64(try args.int("lifetime-s", default: 14_400))
+    let connection = try await connect(args, name: "watch")
+    let channel = try await connection.openChannel()
+    try await channel.qos(prefetchCount: 500)
+    let since = UInt64(Date().timeIntervalSince1970) - lifetime
+    let consumer: AMQPConsumer
+    do {
+        consumer = try await channel.consume(queue: "frontdesk.status.log", arguments: ["x-stream-offset": .timestamp(since)])
+    } catch let error as AMQPError where error.replyCode == 404 {
+        throw CLIRuntimeError("the status log frontdesk.status.log does not exist yet: start frontdesk-sender once")
+    }
+    var states: [String: LiveActivityState] = [:]
+    for try await d in consumer {
+        try? d.ack()
+        guard pattern.matches(d.routingKey), let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body) else { continue }
+        guard states[event.dispatchId, default: LiveActivityState()].apply(event) else { continue }
+        if json {
+            emit(String(decoding: d.body, as: UTF8.self))
+        } else if let view = states[event.dispatchId]?.view(now: Date()) {
+            emit("\(event.dispatchId.prefix(8)) " + Render.line(view))
+        }
+    }
+    return 0
+}
