@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs what is missing, starts the
 # project-local broker (or reuses a running one), builds with warnings as
-# errors, runs every test, and stops the broker it started even when tests fail.
+# errors, runs the demo's non-interactive check and every test, and stops
+# the broker it started even when tests fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -14,4 +15,5 @@ cleanup() { if [ "$started" = 1 ]; then bash scripts/broker.sh stop; fi; }
 trap cleanup EXIT
 eval "$(bash scripts/broker.sh env)"
 swift build --build-tests -Xswiftc -warnings-as-errors
+FRONTDESK_SWIFT_FLAGS="-Xswiftc -warnings-as-errors" bash scripts/demo.sh --check
 swift test -Xswiftc -warnings-as-errors
