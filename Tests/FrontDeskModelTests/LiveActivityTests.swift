@@ -118,3 +118,58 @@ struct TopicPatternTests {
         #expect(scores[1].matched == ["donor", "gala"])
     }
 }
+
+@Suite("ActivityKit push payloads")
+struct ActivityPushTests {
+    func push(_ e: StatusEvent) throws -> [String: Any] {
+        var s = LiveActivityState()
+        s.apply(e)
+        let data = ActivityPush.payload(for: e, view: try #require(s.view(now: Date(timeIntervalSince1970: 1_778_665_264))))
+        #expect(data.count <= ActivityPush.maxBytes)
+        return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])["aps"] as! [String: Any]
+    }
+
+    func sending(preview: [String], input: String = "Reply to Lisa about the AGM agenda — short, confirm 14:00") -> StatusEvent {
+        var e = StatusEvent(
+            dispatchId: "d-1", seq: 5, state: .sending, step: 2, activity: "Drafting reply", input: input,
+            startedAt: "2026-05-13T09:41:00.000Z", at: "2026-05-13T09:41:04.000Z", elapsedMs: 4000, expiresAt: "2026-05-13T13:41:00.000Z")
+        e.project = .init(id: "yemaya", name: "Yemaya", glyph: "YE", accent: "#6E56CF")
+        e.target = .init(id: "board-prep", name: "Board Prep")
+        e.preview = preview
+        e.etaMs = 2000
+        return e
+    }
+
+    @Test func updateCarriesTheContentState() throws {
+        let aps = try push(sending(preview: ["Hi Lisa,", "The agenda"]))
+        #expect(aps["event"] as? String == "update")
+        #expect(aps["timestamp"] as? Int == 1_778_665_264)
+        #expect(aps["stale-date"] as? Int == 1_778_679_660)
+        #expect(aps["dismissal-date"] == nil)
+        let c = try #require(aps["content-state"] as? [String: Any])
+        #expect(c["routeLine"] as? String == "Yemaya · Board Prep")
+        #expect(c["statusLine"] as? String == "Drafting reply · step 2 / 3")
+        #expect(c["etaMs"] as? Int == 2000 && c["glyph"] as? String == "YE")
+        #expect(c["preview"] as? [String] == ["Hi Lisa,", "The agenda"])
+        #expect((aps["relevance-score"] as? Double ?? 0) > 0)
+    }
+
+    @Test func terminalStatesEndTheActivity() throws {
+        var e = sending(preview: ["done"])
+        e.state = .replied
+        e.step = 3
+        e.etaMs = nil
+        let aps = try push(e)
+        #expect(aps["event"] as? String == "end")
+        #expect(aps["dismissal-date"] as? Int == 1_778_665_264 + 900)
+    }
+
+    @Test func oversizedPayloadsTrimThePreviewFirstAndStayUnder4KB() throws {
+        let huge = String(repeating: "é", count: 3000)
+        let aps = try push(sending(preview: [huge, huge, huge]))
+        let c = try #require(aps["content-state"] as? [String: Any])
+        #expect((c["input"] as? String) == "Reply to Lisa about the AGM agenda — short, confirm 14:00")
+        let longInput = try push(sending(preview: [huge], input: String(repeating: "x", count: 4000)))
+        #expect(((longInput["content-state"] as? [String: Any])?["input"] as? String)?.hasSuffix("…") == true)
+    }
+}

@@ -56,6 +56,10 @@ extension BrokerIntegration {
                 let (_, watched) = try await frontdesk(h, ["watch", "status.yemaya.#", "--json"], timeout: .seconds(3))
                 #expect(states(watched).suffix(1) == ["replied"])
                 #expect(!states(watched).contains("drafted"))  // drafted is status._._.drafted: not in this pattern
+                let (_, pushes) = try await frontdesk(h, ["watch", "--format", "apns"], timeout: .seconds(3))
+                let lastPush = try JSONSerialization.jsonObject(with: Data(pushes.split(separator: "\n").last!.utf8)) as? [String: Any]
+                let aps = lastPush?["aps"] as? [String: Any]
+                #expect(aps?["event"] as? String == "end")
             }
         }
 

@@ -2,12 +2,14 @@ import AMQP
 import Foundation
 import FrontDeskModel
 
-/// `frontdesk watch [PATTERN]`: every dispatch in flight, as it moves. It
+/// `frontdesk watch [PATTERN] [--format json|lines|apns]`: every dispatch
+/// in flight, as it moves (`apns`: the ActivityKit push for each event). It
 /// reads the status log stream from the lifetime window's start, so a
 /// dispatch begun before watch started shows up with its current state.
 func watchCommand(_ args: Arguments) async throws -> Int32 {
     let pattern = TopicPattern(args.positionals.first ?? "status.#")
-    let json = args.switches.contains("json") || !stdoutIsTerminal
+    let format = args.options["format"] ?? (args.switches.contains("json") || !stdoutIsTerminal ? "json" : "lines")
+    guard ["json", "lines", "apns"].contains(format) else { throw CLIUsageError("--format takes json, lines or apns") }
     let lifetime = UInt64(try args.int("lifetime-s", default: 14_400))
     let connection = try await connect(args, name: "watch")
     let channel = try await connection.openChannel()
@@ -24,10 +26,11 @@ func watchCommand(_ args: Arguments) async throws -> Int32 {
         try? d.ack()
         guard pattern.matches(d.routingKey), let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body) else { continue }
         guard states[event.dispatchId, default: LiveActivityState()].apply(event) else { continue }
-        if json {
-            emit(String(decoding: d.body, as: UTF8.self))
-        } else if let view = states[event.dispatchId]?.view(now: Date()) {
-            emit("\(event.dispatchId.prefix(8)) " + Render.line(view))
+        guard let view = states[event.dispatchId]?.view(now: Date()) else { continue }
+        switch format {
+        case "json": emit(String(decoding: d.body, as: UTF8.self))
+        case "apns": emit(String(decoding: ActivityPush.payload(for: event, view: view), as: UTF8.self))
+        default: emit("\(event.dispatchId.prefix(8)) " + Render.line(view))
         }
     }
     return 0

@@ -7,7 +7,7 @@ let usage = """
     frontdesk — the Front Desk command line
 
       frontdesk dispatch "text" [--project P] [--target T] [--thread ID] [--user U] [--id ID] [--json]
-      frontdesk watch [PATTERN] [--json]          (default pattern status.#)
+      frontdesk watch [PATTERN] [--format json|lines|apns]   (default pattern status.#)
       frontdesk cancel ID [--reason R]
       frontdesk reroute ID PROJECT/TARGET
       frontdesk route "text" [--routes FILE] [--project P] [--target T]
@@ -28,7 +28,7 @@ if rest.contains("--help") {
     print(usage)
     exit(0)
 }
-let valued: Set<String> = ["amqp-url", "project", "target", "thread", "user", "id", "reason", "routes", "delay-ms", "fail-retryable", "lifetime-s"]
+let valued: Set<String> = ["amqp-url", "project", "target", "thread", "user", "id", "reason", "routes", "delay-ms", "fail-retryable", "lifetime-s", "format"]
 let switches: Set<String> = ["json", "fail", "no-eta"]
 do {
     let args = try Arguments(rest, valued: valued, switches: switches)
