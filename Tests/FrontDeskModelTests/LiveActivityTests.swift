@@ -173,3 +173,72 @@ struct ActivityPushTests {
         #expect(((longInput["content-state"] as? [String: Any])?["input"] as? String)?.hasSuffix("…") == true)
     }
 }
+
+@Suite("Terminal rendering, one snapshot a state")
+struct ActivityRendererTests {
+    let base = LiveActivity(
+        title: "Front Desk · live", routeLine: "Yemaya · Board Prep", glyph: "YE", accent: "#6E56CF",
+        input: "Reply to Lisa about the AGM agenda — short, confirm 14:00", statusLine: "Drafting reply · step 2 / 3",
+        bars: [.done, .done, .current], preview: ["Hi Lisa, confirmed for 14:00 on Thursday.", "The agenda"],
+        elapsed: "0:04 elapsed", eta: "~2s", isQueued: false, bestGuess: nil, footer: nil, canCancel: true, isFinished: false)
+
+    @Test func compact() {
+        #expect(ActivityRenderer.render(base, .compact) == "[YE] ■■▣")
+        #expect(ActivityRenderer.render(base, .compact, colour: true) == "\u{1B}[1;38;2;110;86;207m[YE]\u{1B}[0m ■■▣")
+    }
+
+    @Test func expanded() {
+        #expect(ActivityRenderer.render(base, .expanded) == """
+            [YE] ■■▣  Front Desk · live
+                Yemaya · Board Prep
+                Drafting reply · step 2 / 3
+                0:04 elapsed ~2s
+            """)
+    }
+
+    @Test func lockScreen() {
+        #expect(ActivityRenderer.render(base, .lockScreen) == """
+            [YE] ■■▣  Front Desk · live
+                Yemaya · Board Prep
+                ┃ Reply to Lisa about the AGM agenda — short, confirm 14:00
+                Drafting reply · step 2 / 3
+                │ Hi Lisa, confirmed for 14:00 on Thursday.
+                │ The agenda
+                0:04 elapsed ~2s left   [Cancel]  Open ›
+            """)
+    }
+
+    @Test func offlineQueuedIsMutedWithNoProgress() {
+        var v = base
+        v.title = "Front Desk · queued"
+        v.statusLine = "Queued — will dispatch on reconnect"
+        v.bars = [.done, .pending, .pending]
+        v.preview = []
+        v.eta = nil
+        v.isQueued = true
+        v.bestGuess = "Best guess: Yemaya / Board Prep"
+        v.footer = "will dispatch on reconnect"
+        #expect(ActivityRenderer.render(v, .lockScreen, colour: true) == """
+            [YE] ■□□  Front Desk · queued
+                Yemaya · Board Prep
+                ┃ Reply to Lisa about the AGM agenda — short, confirm 14:00
+                Queued — will dispatch on reconnect
+                Best guess: Yemaya / Board Prep   Edit ›
+                0:04 elapsed · will dispatch on reconnect   [Cancel]  Open ›
+            """)
+    }
+
+    @Test(arguments: [("Agent replied", [LiveActivity.Bar.done, .done, .done]), ("Failed — the agent failed", [.done, .done, .pending]), ("Cancelled", [.done, .pending, .pending])])
+    func ends(_ status: String, _ bars: [LiveActivity.Bar]) {
+        var v = base
+        v.statusLine = status
+        v.bars = bars
+        v.eta = nil
+        v.canCancel = false
+        v.isFinished = true
+        let text = ActivityRenderer.render(v, .lockScreen)
+        #expect(text.contains(status))
+        #expect(text.hasSuffix("0:04 elapsed   Open ›"))
+        #expect(!text.contains("Cancel]"))
+    }
+}

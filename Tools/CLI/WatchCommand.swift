@@ -30,7 +30,7 @@ func watchCommand(_ args: Arguments) async throws -> Int32 {
         switch format {
         case "json": emit(String(decoding: d.body, as: UTF8.self))
         case "apns": emit(String(decoding: ActivityPush.payload(for: event, view: view), as: UTF8.self))
-        default: emit("\(event.dispatchId.prefix(8)) " + Render.line(view))
+        default: emit("\(event.dispatchId.prefix(8)) " + Render.watchLine(view))
         }
     }
     return 0
