@@ -14,4 +14,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   # Debian starts the system broker after installing it; ours runs apart, so stop that one.
   $SUDO service rabbitmq-server stop >/dev/null 2>&1 || true
 fi
+# pika, for the Python producer script and its test.
+python3 -c "import pika" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check pika >&2 \
+  || echo "install-deps: could not install pika; deploy/producers/publish.py will not run" >&2
 command -v swift >/dev/null || { echo "install-deps: the Swift toolchain (6.x) is not on PATH" >&2; exit 1; }

@@ -84,3 +84,40 @@ extension BrokerIntegration {
         }
     }
 }
+
+extension BrokerIntegration.CLITests {
+    /// Runs a producer script against the harness's vhost; returns the ids it printed.
+    func producer(_ h: RouterHarness, _ command: [String]) throws -> [String] {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        p.arguments = command.map { $0.hasPrefix("deploy/") ? root.appendingPathComponent($0).path : $0 }
+        var env = ProcessInfo.processInfo.environment
+        env["AMQP_URL"] = "amqp://guest:guest@\(h.url.host):\(h.url.port)/\(h.vhost)"
+        p.environment = env
+        let out = FileManager.default.temporaryDirectory.appendingPathComponent("producer-\(UUID().uuidString)")
+        _ = FileManager.default.createFile(atPath: out.path, contents: nil)
+        defer { try? FileManager.default.removeItem(at: out) }
+        p.standardOutput = try FileHandle(forWritingTo: out)
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        p.waitUntilExit()
+        #expect(p.terminationStatus == 0, "\(command[0]) exited \(p.terminationStatus)")
+        return try String(contentsOf: out, encoding: .utf8).split(separator: "\n").map(String.init)
+    }
+
+    @Test func producerScriptsPublishRequestsTheRouterAccepts() async throws {
+        try await withHarness("producers") { h in
+            try await h.startRouter()
+            let shell = try producer(h, ["bash", "deploy/producers/publish.sh", "Reply to Lisa about the \"AGM\" agenda", "3"])
+            let python = try producer(h, ["python3", "deploy/producers/publish.py", "sign the NDA", "2", "--project", "acme", "--target", "legal"])
+            #expect(shell.count == 3 && python.count == 2)
+            let events = try await h.events()
+            for id in shell + python {
+                #expect(events.filter { $0["dispatchId"] as? String == id }.compactMap { $0["state"] as? String } == ["drafted", "routing"], "\(id)")
+            }
+            let legal = events.first { python.contains($0["dispatchId"] as? String ?? "") && $0["state"] as? String == "routing" }
+            #expect((legal?["target"] as? [String: Any])?["id"] as? String == "legal")
+        }
+    }
+}
