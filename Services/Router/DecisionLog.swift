@@ -80,8 +80,6 @@ final class DecisionLog: Sendable {
         }
     }
 
-    var count: Int { state.withLock { $0.first.count } }
-
     private func failOverdue() {
         let now = ContinuousClock.now
         let overdue = state.withLock { s -> [(String, CheckedContinuation<Entry, Error>?)] in

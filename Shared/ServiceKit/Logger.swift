@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import FrontDeskModel
 import Synchronization
 
 public enum LogLevel: String, Sendable, Comparable, CaseIterable {
@@ -50,7 +51,7 @@ public struct Logger: Sendable {
 
     /// The JSON line, without the newline. Exposed for tests.
     public static func line(level: LogLevel, service: String, message: String, fields: [(String, LogValue)], at date: Date) -> String {
-        var out = "{\"ts\":\"\(Timestamp.rfc3339(date))\",\"level\":\"\(level.rawValue)\",\"service\":"
+        var out = "{\"ts\":\"\(RFC3339.format(date))\",\"level\":\"\(level.rawValue)\",\"service\":"
         appendJSONString(service, to: &out)
         out += ",\"msg\":"
         appendJSONString(AMQPURL.redactAll(message), to: &out)
@@ -129,21 +130,5 @@ extension AMQPURL {
             rest = rest[end...]
         }
         return out + rest
-    }
-}
-
-/// RFC 3339 in UTC with milliseconds, as the contract wants every time.
-public enum Timestamp {
-    public static func rfc3339(_ date: Date) -> String {
-        let ms = Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
-        var seconds = time_t(ms / 1000)
-        var parts = tm()
-        gmtime_r(&seconds, &parts)
-        func pad(_ n: Int32, _ w: Int) -> String {
-            let s = String(n)
-            return String(repeating: "0", count: max(0, w - s.count)) + s
-        }
-        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
-            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(ms % 1000), 3))Z"
     }
 }

@@ -39,8 +39,9 @@ struct LoggerTests {
         #expect(line == #"{"ts":"1970-01-01T00:00:00.000Z","level":"warning","service":"s","msg":"a\u0001b\tc"}"#)
     }
 
-    @Test func timestampsAreRFC3339WithMilliseconds() {
-        #expect(Timestamp.rfc3339(Date(timeIntervalSince1970: 1_778_665_260.123)) == "2026-05-13T09:41:00.123Z")
+    @Test func linesCarryRFC3339TimesWithMilliseconds() {
+        let line = Logger.line(level: .info, service: "s", message: "m", fields: [], at: Date(timeIntervalSince1970: 1_778_665_260.123))
+        #expect(line.hasPrefix(#"{"ts":"2026-05-13T09:41:00.123Z""#))
     }
 }
 
