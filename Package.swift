@@ -43,14 +43,15 @@ let package = Package(
         .executableTarget(name: "frontdesk", dependencies: ["AMQP", "FrontDeskModel"], path: "Tools/CLI"),
 
         // Benchmarks: print figures, assert nothing about speed.
-        .executableTarget(name: "amqp-bench", dependencies: ["AMQP"], path: "Benchmarks/AMQPBench"),
-        .executableTarget(name: "router-bench", dependencies: ["AMQP"], path: "Benchmarks/RouterBench"),
+        .target(name: "BenchmarkSupport", path: "Benchmarks/Support"),
+        .executableTarget(name: "amqp-bench", dependencies: ["AMQP", "BenchmarkSupport"], path: "Benchmarks/AMQPBench"),
+        .executableTarget(name: "router-bench", dependencies: ["AMQP", "BenchmarkSupport"], path: "Benchmarks/RouterBench"),
         .executableTarget(
             name: "router-c-relay",
             path: "Benchmarks/RouterCRelay",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
-        .executableTarget(name: "sender-scale", dependencies: ["AMQP", "FrontDeskModel"], path: "Benchmarks/SenderScale"),
+        .executableTarget(name: "sender-scale", dependencies: ["AMQP", "FrontDeskModel", "BenchmarkSupport"], path: "Benchmarks/SenderScale"),
         .executableTarget(name: "resolver-bench", dependencies: ["FrontDeskModel"], path: "Benchmarks/ResolverBench"),
         .executableTarget(
             name: "amqp-c-baseline",

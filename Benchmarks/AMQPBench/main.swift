@@ -4,6 +4,7 @@
 //
 //   amqp-bench [--url URL] [--messages N] [--body-bytes B] [--runs R]
 import AMQP
+import BenchmarkSupport
 import Foundation
 
 struct Figures: Decodable {
@@ -12,11 +13,6 @@ struct Figures: Decodable {
     var confirm_p99_ms: Double
 }
 
-func argument(_ name: String, _ fallback: String) -> String {
-    let args = CommandLine.arguments
-    if let i = args.firstIndex(of: name), i + 1 < args.count { return args[i + 1] }
-    return fallback
-}
 
 let url = try AMQPURL(parsing: argument("--url", ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f"))
 let messages = Int(argument("--messages", "20000"))!
@@ -53,12 +49,11 @@ func swiftRun(window: Int) async throws -> Figures {
         let count = min(window, messages - sent)
         let t0 = ContinuousClock.now
         for result in try await pub.publish(Array(repeating: message, count: count)) { try result.get() }
-        latencies.append(Double((ContinuousClock.now - t0).components.attoseconds) / 1e15 + Double((ContinuousClock.now - t0).components.seconds) * 1000)
+        latencies.append((ContinuousClock.now - t0).seconds * 1000)
         sent += count
     }
     let done = try await consumed.value
-    let elapsed = done - start
-    let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    let seconds = (done - start).seconds
     try await pub.queueDelete(queue)
     await publisher.close()
     await subscriber.close()

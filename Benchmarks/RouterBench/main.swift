@@ -5,13 +5,9 @@
 //
 //   router-bench [--requests N]   (run from the repository; needs the local broker)
 import AMQP
+import BenchmarkSupport
 import Foundation
 
-func argument(_ name: String, _ fallback: String) -> String {
-    let args = CommandLine.arguments
-    if let i = args.firstIndex(of: name), i + 1 < args.count { return args[i + 1] }
-    return fallback
-}
 
 let requests = Int(argument("--requests", "5000"))!
 let binDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
@@ -33,12 +29,11 @@ func run(_ executable: String, _ arguments: [String], environment: [String: Stri
     return (p, (try? String(contentsOf: out, encoding: .utf8)) ?? "")
 }
 
-func ctl(_ args: [String]) throws { try run("/bin/bash", ["scripts/broker.sh", "ctl"] + args) }
 
 let vhost = "frontdesk-bench-\(UUID().uuidString.prefix(6).lowercased())"
-try ctl(["add_vhost", vhost])
-try ctl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
-defer { try? ctl(["delete_vhost", vhost]) }
+try brokerCtl(["add_vhost", vhost])
+try brokerCtl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
+defer { try? brokerCtl(["delete_vhost", vhost]) }
 base.vhost = vhost
 
 let connection = try await AMQPConnection.connect(.init(url: base, connectionName: "router-bench"))
@@ -91,8 +86,7 @@ while (await inboxCount() ?? 0) < UInt32(requests) { try await Task.sleep(for: .
 let elapsed = ContinuousClock.now - start
 router.terminate()
 router.waitUntilExit()
-let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-let routerRate = Double(requests) / seconds
+let routerRate = Double(requests) / elapsed.seconds
 await connection.close()
 
 print("router-bench: \(requests) preloaded requests, intake → decision log → drafted + routing + hand-off, all confirmed")

@@ -5,28 +5,14 @@
 //
 //   .build/release/sender-scale [--dispatches N]
 import AMQP
+import BenchmarkSupport
 import Foundation
 import FrontDeskModel
 
-func argument(_ name: String, _ fallback: String) -> String {
-    let args = CommandLine.arguments
-    if let i = args.firstIndex(of: name), i + 1 < args.count { return args[i + 1] }
-    return fallback
-}
 
 let total = Int(argument("--dispatches", "100000"))!
 let bin = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
 var url = try AMQPURL(parsing: ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
-
-func ctl(_ args: [String]) throws {
-    let p = Process()
-    p.executableURL = URL(fileURLWithPath: "/bin/bash")
-    p.arguments = ["scripts/broker.sh", "ctl"] + args
-    p.standardOutput = FileHandle.nullDevice
-    p.standardError = FileHandle.nullDevice
-    try p.run()
-    p.waitUntilExit()
-}
 
 func rssMiB(_ pid: Int32) -> Double {
     guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
@@ -36,12 +22,11 @@ func rssMiB(_ pid: Int32) -> Double {
     return kb / 1024
 }
 
-func seconds(_ d: Duration) -> Double { Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18 }
 
 let vhost = "frontdesk-scale-\(UUID().uuidString.prefix(6).lowercased())"
-try ctl(["add_vhost", vhost])
-try ctl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
-defer { try? ctl(["delete_vhost", vhost]) }
+try brokerCtl(["add_vhost", vhost])
+try brokerCtl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
+defer { try? brokerCtl(["delete_vhost", vhost]) }
 url.vhost = vhost
 
 var environment = ProcessInfo.processInfo.environment
@@ -95,11 +80,11 @@ while published < total {
             parked = try await connection.withChannel { try await $0.queueDeclare(park, passive: true).messageCount }
             if parked < UInt32(published) { try await Task.sleep(for: .milliseconds(200)) }
         }
-        print(String(format: "  %6d parked after %6.1f s:        %7.1f MiB", published, seconds(ContinuousClock.now - start), rssMiB(sender.processIdentifier)))
+        print(String(format: "  %6d parked after %6.1f s:        %7.1f MiB", published, (ContinuousClock.now - start).seconds, rssMiB(sender.processIdentifier)))
         nextSample += total / 5
     }
 }
-let parkRate = Double(total) / seconds(ContinuousClock.now - start)
+let parkRate = Double(total) / (ContinuousClock.now - start).seconds
 
 // An instant agent: a final reply for every task, at once.
 let agentConnection = try await AMQPConnection.connect(.init(url: url, connectionName: "sender-scale:agent"))
@@ -126,7 +111,7 @@ while true {
     if done >= UInt32(total) { break }
     try await Task.sleep(for: .milliseconds(250))
 }
-let drain = seconds(ContinuousClock.now - drainStart)
+let drain = (ContinuousClock.now - drainStart).seconds
 agent.cancel()
 print(String(format: "  parking rate:                      %7.0f dispatches/s", parkRate))
 print(String(format: "  drain to replied with one agent:   %7.0f dispatches/s (%.1f s), sender peak RSS %.1f MiB", Double(total) / drain, drain, peakRSS))

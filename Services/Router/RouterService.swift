@@ -28,14 +28,16 @@ struct RouterService: Service {
             group.addTask { await log.follow() }
             let deliveries = await client.consume(ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 256))
             await intake.consumer.set(deliveries)
-            let batcher = IntakeBatcher(limit: 256)
+            let batches = BatchQueue<AMQPDelivery>(limit: 256)
             group.addTask {
-                for await delivery in deliveries { batcher.add(delivery) }
-                batcher.finish()
+                for await delivery in deliveries { batches.yield(delivery) }
+                batches.finish()
             }
             // One batch at a time, so that a batch can be settled with one
             // `multiple` ack: every lower delivery tag is settled already.
-            await batcher.forEachBatch { batch in await handle(batch) }
+            while let batch = await batches.next() {
+                await handle(batch)
+            }
             // Intake stopped and every handler finished: stop the rest.
             intake.drained.continuation.finish()
             await client.shutdown()

@@ -35,7 +35,7 @@ final class SenderTerm {
     let policy: RetryPolicy
     let logger: Logger
     let metrics: SenderMetrics
-    let feed = InputQueue<Input>()
+    let feed = BatchQueue<Input>()
     /// Messages of the inputs handled so far in this batch, published in one
     /// window by `flush()`; then the leases they settle are acked.
     var pendingMessages: [OutboundMessage] = []
@@ -122,7 +122,7 @@ final class SenderTerm {
     }
 
     /// Every 300 ms: consumers on each agent queue and messages in each park queue.
-    static func pollPresence(connection: AMQPConnection, table: RoutingTable, feed: InputQueue<Input>) async {
+    static func pollPresence(connection: AMQPConnection, table: RoutingTable, feed: BatchQueue<Input>) async {
         guard let channel = try? await connection.openChannel() else { return feed.finish() }
         while !Task.isCancelled {
             var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]

@@ -181,7 +181,7 @@ public struct DispatchMachine: Sendable {
         latestEtaMs = nil
         var e = makeEvent(.cancelled, now: now)
         e.cancel = .init(reason: reason)
-        return [publish(e), .setTimer(nil), .finish]
+        return [.publish(e), .setTimer(nil), .finish]
     }
 
     public enum RerouteOutcome: Sendable, Equatable {
@@ -242,7 +242,7 @@ public struct DispatchMachine: Sendable {
         latestEtaMs = nil
         var e = makeEvent(.failed, now: now)
         e.error = .init(code: code, message: message)
-        return [publish(e), .setTimer(nil), .finish]
+        return [.publish(e), .setTimer(nil), .finish]
     }
 
     // MARK: Events
@@ -250,10 +250,8 @@ public struct DispatchMachine: Sendable {
     private mutating func event(_ state: DispatchState, now: Date, queue: StatusEvent.QueueInfo? = nil) -> Action {
         var e = makeEvent(state, now: now)
         e.queue = queue
-        return publish(e)
+        return .publish(e)
     }
-
-    private mutating func publish(_ e: StatusEvent) -> Action { .publish(e) }
 
     /// The next event, numbered and filled as CONTRACT.md's field rules say.
     private mutating func makeEvent(_ state: DispatchState, now: Date) -> StatusEvent {

@@ -23,10 +23,10 @@ extension BrokerIntegration {
             return (p.terminationStatus, try String(contentsOf: out, encoding: .utf8))
         }
 
-        func agent(_ h: RouterHarness, _ target: String) throws -> Process {
+        func agent(_ h: RouterHarness, _ target: String, _ extra: [String] = []) throws -> Process {
             let p = Process()
             p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent("frontdesk")
-            p.arguments = ["agent", "--target", target, "--delay-ms", "50", "--amqp-url", "amqp://guest:guest@\(h.url.host):\(h.url.port)/\(h.vhost)"]
+            p.arguments = ["agent", "--target", target, "--delay-ms", "50", "--amqp-url", "amqp://guest:guest@\(h.url.host):\(h.url.port)/\(h.vhost)"] + extra
             p.standardOutput = FileHandle.nullDevice
             p.standardError = FileHandle.nullDevice
             try p.run()
@@ -67,13 +67,7 @@ extension BrokerIntegration {
             try await withHarness("cli-fail") { h in
                 try await h.startRouter()
                 try await h.startSender()
-                let p = Process()
-                p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent("frontdesk")
-                p.arguments = ["agent", "--target", "acme/legal", "--fail", "--amqp-url", "amqp://guest:guest@\(h.url.host):\(h.url.port)/\(h.vhost)"]
-                p.standardOutput = FileHandle.nullDevice
-                p.standardError = FileHandle.nullDevice
-                try p.run()
-                h.processes.append(p)
+                _ = try agent(h, "acme/legal", ["--fail"])
                 try await Task.sleep(for: .seconds(1))
                 let (status, out) = try await frontdesk(h, ["dispatch", "sign the contract", "--project", "acme", "--target", "legal", "--json"])
                 #expect(status == 1)
