@@ -88,12 +88,6 @@ public struct DispatchRecord: Sendable, Codable, Equatable {
 
     public static let handoffType = "frontdesk.handoff.dispatch.v1"
 
-    public func jsonData() -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]  // sorted: a re-sent event is byte-identical
-        return try! encoder.encode(self)
-    }
-
     /// A stable 64-bit FNV-1a fingerprint of a body, as hex.
     public static func fingerprint(_ body: Data) -> String {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325

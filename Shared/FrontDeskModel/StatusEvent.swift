@@ -105,10 +105,4 @@ public struct StatusEvent: Sendable, Codable, Equatable {
     public var messageID: String { "\(dispatchId)/\(seq)" }
 
     public static let type = "frontdesk.status.v1"
-
-    public func jsonData() -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]  // sorted: a re-sent event is byte-identical
-        return try! encoder.encode(self)
-    }
 }

@@ -1,0 +1,83 @@
+import Foundation
+import Testing
+
+@testable import FrontDeskModel
+
+/// The hand-written encoders must give exactly JSONEncoder's bytes, so that a
+/// re-sent event stays byte-identical whichever path wrote it.
+@Suite struct JSONWriterTests {
+    static func reference<T: Encodable>(_ value: T) -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return try! encoder.encode(value)
+    }
+
+    static let awkwardText = "Zoë said \"hi\"\\ / \n\t\r\u{08}\u{0C}\u{01}\u{1F} 🎉 — end"
+
+    static let events: [StatusEvent] = {
+        var minimal = StatusEvent(
+            dispatchId: "d-1", seq: 1, state: .drafted, step: 0, activity: "Drafted",
+            startedAt: "2026-11-29T10:00:00Z", at: "2026-11-29T10:00:00Z", elapsedMs: 0,
+            expiresAt: "2026-11-29T14:00:00Z")
+        var full = minimal
+        full.seq = 7
+        full.state = .sending
+        full.step = 2
+        full.activity = awkwardText
+        full.input = awkwardText
+        full.project = .init(id: "yemaya", name: "Yemaya", glyph: "🌊", accent: "#0A84FF")
+        full.target = .init(id: "board-prep", name: "Board Prep")
+        full.route = .init(
+            confidence: 0.8333333333333334, reason: "keyword \"agm\"",
+            alternatives: [.init(project: "acme", target: "ops", confidence: 1), .init(project: "p", target: "t", confidence: 0.05)])
+        full.attempt = 2
+        full.preview = ["line one", "", awkwardText]
+        full.etaMs = 12_000
+        full.queue = .init(reason: "retry_wait", retryAt: "2026-11-29T10:00:01.500Z")
+        full.reply = awkwardText
+        full.error = .init(code: "agent_error", message: awkwardText)
+        full.cancel = .init(reason: "user")
+        full.threadId = "thread-9"
+        var noAccent = full
+        noAccent.project?.accent = nil
+        noAccent.queue?.retryAt = nil
+        noAccent.route?.alternatives = []
+        noAccent.route?.confidence = 0
+        minimal.preview = []
+        return [minimal, full, noAccent]
+    }()
+
+    @Test(arguments: events)
+    func statusEventMatchesJSONEncoder(_ event: StatusEvent) throws {
+        let written = event.jsonData()
+        #expect(written == Self.reference(event), "\(String(decoding: written, as: UTF8.self))")
+        #expect(try JSONDecoder().decode(StatusEvent.self, from: written) == event)
+    }
+
+    @Test func dispatchRecordMatchesJSONEncoder() throws {
+        let full = Self.events[1]
+        let records = [
+            DispatchRecord(
+                id: "a.b#c*", bodyFingerprint: "cbf29ce484222325", outcome: .routed, input: Self.awkwardText,
+                user: "lisa", threadId: "t", project: full.project, target: full.target, route: full.route,
+                invalid: false, startedAt: full.startedAt, decidedAt: full.at, expiresAt: full.expiresAt, lastSeq: 2),
+            DispatchRecord(
+                id: "x", bodyFingerprint: "0", outcome: .failed, error: .init(code: "invalid_request", message: "bad"),
+                invalid: true, startedAt: full.startedAt, decidedAt: full.at, expiresAt: full.expiresAt, lastSeq: 1),
+        ]
+        for record in records {
+            let written = record.jsonData()
+            #expect(written == Self.reference(record), "\(String(decoding: written, as: UTF8.self))")
+            #expect(try JSONDecoder().decode(DispatchRecord.self, from: written) == record)
+        }
+    }
+
+    @Test(arguments: [0.0, 1.0, -3.0, 0.5, 0.1, 0.8333333333333334, 1e-7, 123456.789])
+    func doublesMatchJSONEncoder(_ value: Double) {
+        var json = JSONWriter()
+        json.beginObject()
+        json.field("v", value)
+        json.endObject()
+        #expect(json.data == Self.reference(["v": value]))
+    }
+}
