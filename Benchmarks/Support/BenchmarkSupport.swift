@@ -22,3 +22,30 @@ extension Duration {
     /// The duration in seconds, as a Double.
     public var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }
+
+/// What /proc tells of a running process.
+public enum ProcStats {
+    /// User + system CPU seconds so far (fields 14 and 15 of /proc/PID/stat).
+    public static func cpuSeconds(_ pid: Int32) -> Double? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return nil }
+        // After "pid (comm)": field 3 is state, so utime (14) is index 11 here.
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// The peak resident set size in MiB (VmHWM).
+    public static func peakRSSMiB(_ pid: Int32) -> Double? { statusField("VmHWM", pid).map { $0 / 1024 } }
+
+    /// The current resident set size in MiB (VmRSS).
+    public static func rssMiB(_ pid: Int32) -> Double? { statusField("VmRSS", pid).map { $0 / 1024 } }
+
+    private static func statusField(_ name: String, _ pid: Int32) -> Double? {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+        for line in status.split(separator: "\n") where line.hasPrefix(name + ":") {
+            return Double(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+        }
+        return nil
+    }
+}

@@ -26,18 +26,26 @@ struct RouterService: Service {
     func run() async throws {
         await withDiscardingTaskGroup { group in
             group.addTask { await log.follow() }
-            let deliveries = await client.consume(ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 256))
+            // Two batches in flight: one being decided while the one before
+            // it is published and acked.
+            let deliveries = await client.consume(
+                ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 2 * Self.batchLimit))
             await intake.consumer.set(deliveries)
-            let batches = BatchQueue<AMQPDelivery>(limit: 256)
+            let batches = BatchQueue<AMQPDelivery>(limit: Int(Self.batchLimit))
             group.addTask {
                 for await delivery in deliveries { batches.yield(delivery) }
                 batches.finish()
             }
-            // One batch at a time, so that a batch can be settled with one
-            // `multiple` ack: every lower delivery tag is settled already.
+            // A two-stage pipeline: batch k+1 is decided (decision log) while
+            // batch k is settled. Settling stays in batch order, so a batch can
+            // be acked with one `multiple` ack: every lower tag is settled.
+            var settling: Task<Void, Never>?
             while let batch = await batches.next() {
-                await handle(batch)
+                let decided = await decide(batch)
+                await settling?.value
+                settling = Task { await settle(decided) }
             }
+            await settling?.value
             // Intake stopped and every handler finished: stop the rest.
             intake.drained.continuation.finish()
             await client.shutdown()
@@ -71,9 +79,17 @@ struct RouterService: Service {
         case accepted(confidence: Double?), failed, duplicate, deadLetter(DeadLetterCode), command(String)
     }
 
-    /// Handles a batch: one decision-log append for the new ids, one publish
-    /// window for every event, dead letter and hand-off, then the acks.
-    func handle(_ batch: [AMQPDelivery]) async {
+    static let batchLimit: UInt16 = 256
+
+    /// A batch whose plans are final: only publishing and acking are left.
+    struct DecidedBatch: Sendable {
+        var deliveries: [AMQPDelivery]
+        var plans: [Plan]
+        var started: ContinuousClock.Instant
+    }
+
+    /// Plans a batch: one decision-log append for its new ids.
+    func decide(_ batch: [AMQPDelivery]) async -> DecidedBatch {
         let started = ContinuousClock.now
         var plans = batch.map(plan)
         let pending = plans.indices.compactMap { i -> (Int, DispatchRecord, Data, (DeadLetterCode, String)?)? in
@@ -93,6 +109,13 @@ struct RouterService: Service {
                 }
             }
         }
+        return DecidedBatch(deliveries: batch, plans: plans, started: started)
+    }
+
+    /// Publishes a decided batch's events, dead letters and hand-offs in one
+    /// confirm window, then acks (or hands back) its deliveries.
+    func settle(_ decided: DecidedBatch) async {
+        let (batch, plans, started) = (decided.deliveries, decided.plans, decided.started)
         // One publish window for all of the batch's messages.
         var messages: [OutboundMessage] = []
         var owners: [Int] = []
