@@ -65,19 +65,20 @@ public struct RouteResolver: Sendable {
     let targets: [IndexedTarget]
     /// Normalised project names and aliases, per project in table order.
     let projectNames: [(id: String, names: [[String]])]
+    /// Project positions in the table by id.
+    let projectsByID: [String: Int]
     /// Target indices by target id, in table order.
     let targetsByID: [String: [Int]]
     /// For each first word, the targets with an entry starting with it.
     let byFirstWord: [String: [Int]]
-    /// For each first word, the (target, entry) pairs starting with it:
-    /// scoring checks only entries whose first word is in the input.
-    let entriesByFirstWord: [String: [(target: Int, entry: Int)]]
+    /// Every target's entries by first word: scoring checks only entries
+    /// whose first word is in the input.
+    let phrases: PhraseIndex
 
     public init(table: RoutingTable) {
         self.table = table
         var targets: [IndexedTarget] = []
         var byFirstWord: [String: [Int]] = [:]
-        var entriesByFirstWord: [String: [(target: Int, entry: Int)]] = [:]
         for p in table.projects {
             let projectEntries = [Entry(words: NormalizedText.words(of: p.name), label: p.name, kind: .projectName)]
                 + p.aliases.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .alias) }
@@ -90,16 +91,16 @@ public struct RouteResolver: Sendable {
                 for first in Set(entries.compactMap(\.words.first)) { byFirstWord[first, default: []].append(index) }
                 var kept = entries.filter { !$0.words.isEmpty }
                 for i in kept.indices { kept[i].order = i }
-                for (e, entry) in kept.enumerated() { entriesByFirstWord[entry.words[0], default: []].append((index, e)) }
                 targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: kept, nameWords: NormalizedText.words(of: t.name)))
             }
         }
         self.targets = targets
         self.byFirstWord = byFirstWord
-        self.entriesByFirstWord = entriesByFirstWord
+        self.phrases = PhraseIndex(phrases: targets.map { $0.entries.map(\.words) })
         projectNames = table.projects.map { p in
             (p.id, ([p.name] + p.aliases).map { NormalizedText.words(of: $0) }.filter { !$0.isEmpty })
         }
+        projectsByID = Dictionary(table.projects.enumerated().map { ($1.id, $0) }, uniquingKeysWith: { first, _ in first })
         var byID: [String: [Int]] = [:]
         for (i, t) in targets.enumerated() { byID[t.route.target, default: []].append(i) }
         targetsByID = byID
@@ -141,7 +142,7 @@ public struct RouteResolver: Sendable {
     }
 
     private func findProject(_ key: String) -> RoutingTable.Project? {
-        if let p = table.project(key) { return p }
+        if let i = projectsByID[key] { return table.projects[i] }
         let words = NormalizedText.words(of: key)
         guard let index = projectNames.firstIndex(where: { $0.names.contains(words) }) else { return nil }
         return table.projects[index]
@@ -185,7 +186,6 @@ public struct RouteResolver: Sendable {
 
     private func mention(in text: Substring) -> RouteResolution? {
         let token = text.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "/" || $0 == "_" }
-        let words = NormalizedText.words(of: String(text))
         if let slash = token.firstIndex(of: "/") {
             let pKey = String(token[..<slash]).lowercased(), tKey = String(token[token.index(after: slash)...]).lowercased()
             if let p = findProject(pKey), let t = findTarget(tKey, in: p) {
@@ -197,6 +197,7 @@ public struct RouteResolver: Sendable {
         if let first = targetsByID[id]?.first {
             return exact(targets[first].route, reason: "mention: @\(id)", .mention)
         }
+        let words = NormalizedText.words(of: String(text))
         if let firstWord = words.first {
             for i in byFirstWord[firstWord] ?? [] where !targets[i].nameWords.isEmpty && words.starts(with: targets[i].nameWords) {
                 return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
@@ -226,27 +227,13 @@ public struct RouteResolver: Sendable {
     }
 
     private func resolveScores(_ text: NormalizedText) -> RouteResolution? {
-        // Where each input word stands, so an entry is checked only where its first word is.
-        var positions: [String: [Int]] = [:]
-        for (i, w) in text.words.enumerated() { positions[w, default: []].append(i) }
-        // Each (target, entry) sits under exactly one first word, so it counts
-        // at most once. Counts go in a flat array (one slot a target), with
-        // the touched targets listed so only they are ranked.
-        var counts = [Int32](repeating: 0, count: targets.count)
-        var touched: [Int] = []
-        for (word, at) in positions {
-            guard let candidates = entriesByFirstWord[word] else { continue }
-            for (t, e) in candidates where text.matches(targets[t].entries[e].words, startingAtAnyOf: at) {
-                if counts[t] == 0 { touched.append(t) }
-                counts[t] += 1
-            }
-        }
-        guard !touched.isEmpty else { return nil }
+        let hits = phrases.matches(in: text.words)
+        guard !hits.isEmpty else { return nil }
+        let (touched, counts) = Self.tally(hits, targetCount: targets.count)
         // The best 4 (winner and up to 3 runners-up): higher score first, ties to the earlier target.
         var top: [(index: Int, score: Int)] = []
         top.reserveCapacity(5)
-        for index in touched {
-            let score = Int(counts[index])
+        for (index, score) in zip(touched, counts) {
             guard top.count < 4 || Self.ranks((index, score), above: top[top.count - 1]) else { continue }
             let slot = top.firstIndex { !Self.ranks($0, above: (index, score)) } ?? top.count
             top.insert((index, score), at: slot)
@@ -266,6 +253,24 @@ public struct RouteResolver: Sendable {
             reason: Self.reason(score(targets[best.index], text).matched), alternatives: alternatives, source: .score)
     }
 
+    /// Each hit target once, with its number of hits. Few hits are sorted;
+    /// many (a phrase shared by a crowd of targets) go through a flat array.
+    static func tally(_ hits: [Int32], targetCount: Int) -> (targets: [Int], counts: [Int]) {
+        var targets: [Int] = [], counts: [Int] = []
+        if hits.count <= 64 {
+            for t in hits.sorted() {
+                if targets.last == Int(t) { counts[counts.count - 1] += 1 } else { targets.append(Int(t)); counts.append(1) }
+            }
+            return (targets, counts)
+        }
+        var perTarget = [Int32](repeating: 0, count: targetCount)
+        for t in hits {
+            if perTarget[Int(t)] == 0 { targets.append(Int(t)) }
+            perTarget[Int(t)] += 1
+        }
+        return (targets, targets.map { Int(perTarget[$0]) })
+    }
+
     private static func ranks(_ a: (index: Int, score: Int), above b: (index: Int, score: Int)) -> Bool {
         a.score != b.score ? a.score > b.score : a.index < b.index
     }
@@ -276,11 +281,17 @@ public struct RouteResolver: Sendable {
             (.keyword, "keyword", "keywords"), (.contact, "contact", "contacts"), (.targetName, "name", "names"),
             (.projectName, "project", "projects"), (.alias, "alias", "aliases"),
         ]
-        return groups.compactMap { kind, one, many in
-            let labels = matched.filter { $0.kind == kind }.map(\.label)
-            guard !labels.isEmpty else { return nil }
-            return "\(labels.count == 1 ? one : many): \(labels.joined(separator: ", "))"
-        }.joined(separator: "; ")
+        var reason = ""
+        for (kind, one, many) in groups {
+            var labels = "", count = 0
+            for entry in matched where entry.kind == kind {
+                labels += count == 0 ? entry.label : ", " + entry.label
+                count += 1
+            }
+            guard count > 0 else { continue }
+            reason += (reason.isEmpty ? "" : "; ") + (count == 1 ? one : many) + ": " + labels
+        }
+        return reason
     }
 }
 

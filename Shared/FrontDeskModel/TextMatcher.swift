@@ -14,18 +14,21 @@ struct NormalizedText: Sendable {
     /// path; other scalars are folded one by one.
     static func words(of text: String) -> [String] {
         var words: [String] = []
-        var current = String.UnicodeScalarView()
+        // The current word as UTF-8: appending bytes is far cheaper than
+        // appending scalars to a string, and short words stay small strings.
+        var current: [UInt8] = []
+        current.reserveCapacity(32)
         func flush() {
             if !current.isEmpty {
-                words.append(String(current))
-                current = String.UnicodeScalarView()
+                words.append(String(decoding: current, as: UTF8.self))
+                current.removeAll(keepingCapacity: true)
             }
         }
         for scalar in text.unicodeScalars {
             if scalar.isASCII {
                 switch scalar.value {
-                case 0x61...0x7A, 0x30...0x39: current.append(scalar)
-                case 0x41...0x5A: current.append(Unicode.Scalar(scalar.value + 32)!)
+                case 0x61...0x7A, 0x30...0x39: current.append(UInt8(scalar.value))
+                case 0x41...0x5A: current.append(UInt8(scalar.value + 32))
                 default: flush()
                 }
                 continue
@@ -42,7 +45,7 @@ struct NormalizedText: Sendable {
             where !isMark(folded.properties.generalCategory) {
                 // Case folding, not just lower case: "ß" matches "ss".
                 let lower = folded.value == 0xDF ? "ss" : folded.properties.lowercaseMapping
-                current.append(contentsOf: lower.unicodeScalars)
+                current.append(contentsOf: lower.utf8)
             }
         }
         flush()
