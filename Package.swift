@@ -51,6 +51,12 @@ let package = Package(
             path: "Benchmarks/RouterCRelay",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
+        .executableTarget(name: "pipeline-bench", dependencies: ["AMQP", "BenchmarkSupport"], path: "Benchmarks/PipelineBench"),
+        .executableTarget(
+            name: "pipeline-c-relay",
+            path: "Benchmarks/PipelineCRelay",
+            linkerSettings: [.linkedLibrary("rabbitmq")]
+        ),
         .executableTarget(name: "sender-scale", dependencies: ["AMQP", "FrontDeskModel", "BenchmarkSupport"], path: "Benchmarks/SenderScale"),
         .executableTarget(name: "resolver-bench", dependencies: ["FrontDeskModel"], path: "Benchmarks/ResolverBench"),
         .executableTarget(

@@ -12,6 +12,7 @@ func agentCommand(_ args: Arguments) async throws -> Int32 {
     let delayMs = try args.int("delay-ms", default: 300)
     var failRetryable = try args.int("fail-retryable", default: 0)
     let fail = args.switches.contains("fail"), noEta = args.switches.contains("no-eta")
+    if args.switches.contains("instant") { return try await instantAgent(args, target: target) }
     let queue = "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")
     let connection = try await connect(args, name: "agent \(target)")
     let channel = try await connection.openChannel()
@@ -64,4 +65,36 @@ func draft(for task: AgentTask) -> [String] {
         "The agenda is attached; reply here with any changes.",
         "— sent for \(task.project.name) / \(task.target.name)",
     ]
+}
+
+/// `frontdesk agent --instant`: the benchmark's agent. It answers every task
+/// at once with its final reply only, many tasks at a time (prefetch 256),
+/// acking each task after its reply is confirmed.
+func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
+    let queue = "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")
+    let connection = try await connect(args, name: "instant agent \(target)")
+    let channel = try await connection.openChannel()
+    try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+    try await channel.qos(prefetchCount: 256)
+    let replies = try await connection.openChannel()
+    try await replies.confirmSelect()
+    FileHandle.standardError.write(Data("frontdesk agent: serving \(queue) instantly\n".utf8))
+    try await withThrowingDiscardingTaskGroup { group in
+        for try await delivery in try await channel.consume(queue: queue) {
+            guard let task = try? JSONDecoder().decode(AgentTask.self, from: delivery.body) else {
+                try delivery.reject(requeue: false)
+                continue
+            }
+            group.addTask {
+                let body = try JSONSerialization.data(withJSONObject: [
+                    "dispatchId": task.dispatchId, "attempt": task.attempt, "kind": "final", "text": draft(for: task).joined(separator: "\n"),
+                ])
+                try await replies.publish(
+                    exchange: "", routingKey: delivery.properties.replyTo ?? "frontdesk.replies", body: body,
+                    properties: .persistentJSON(correlationID: task.dispatchId))
+                try delivery.ack()
+            }
+        }
+    }
+    return 0
 }

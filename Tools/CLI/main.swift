@@ -12,7 +12,7 @@ let usage = """
       frontdesk reroute ID PROJECT/TARGET
       frontdesk route "text" [--routes FILE] [--project P] [--target T]
       frontdesk routes check FILE
-      frontdesk agent --target PROJECT/TARGET [--delay-ms N] [--fail-retryable N] [--fail] [--no-eta]
+      frontdesk agent --target PROJECT/TARGET [--delay-ms N] [--fail-retryable N] [--fail] [--no-eta] [--instant]
 
     Every command takes --amqp-url URL (default: AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/%2f).
     Exit status: 0 done, 1 runtime failure (or a dispatch that did not end replied), 2 usage.
@@ -29,7 +29,7 @@ if rest.contains("--help") {
     exit(0)
 }
 let valued: Set<String> = ["amqp-url", "project", "target", "thread", "user", "id", "reason", "routes", "delay-ms", "fail-retryable", "lifetime-s", "format"]
-let switches: Set<String> = ["json", "fail", "no-eta"]
+let switches: Set<String> = ["json", "fail", "no-eta", "instant"]
 do {
     let args = try Arguments(rest, valued: valued, switches: switches)
     let status: Int32

@@ -1,0 +1,273 @@
+// pipeline-bench: the whole pipeline — producer → frontdesk-router →
+// frontdesk-sender → instant reference agents → replied — on the local
+// broker, against pipeline-c-relay (the same publishes and consumes per
+// dispatch in plain C) driven by the same producer and status subscriber in
+// the same run. For each system: the maximum rate (requests published as fast
+// as confirms allow), then offered rates at fractions of the pipeline's
+// maximum. Prints dispatches/s, request → first event and request → replied
+// latency (p50/p99/p99.9), CPU-ms per dispatch and peak RSS of each service
+// (from /proc), and the ratio to the ceiling. Asserts nothing about speed.
+//
+//   pipeline-bench [--requests N] [--fractions 0.25,0.5,0.75] [--csv FILE]
+//   (run from the repository; needs the local broker and a release build)
+import AMQP
+import BenchmarkSupport
+import Foundation
+import Synchronization
+
+let requests = Int(argument("--requests", "4000"))!
+let fractions = argument("--fractions", "0.25,0.5,0.75").split(separator: ",").compactMap { Double($0) }
+let csvPath = argument("--csv", "")
+let binDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+let base = try AMQPURL(parsing: ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
+let routes = "Shared/FrontDeskModel/Resources/routes.example.json"
+
+// MARK: - Processes
+
+func start(_ name: String, _ arguments: [String], vhost: String) throws -> Process {
+    let p = Process()
+    p.executableURL = binDirectory.appendingPathComponent(name)
+    p.arguments = arguments
+    var environment = ProcessInfo.processInfo.environment
+    environment["AMQP_URL"] = "amqp://\(base.user):\(base.password)@\(base.host):\(base.port)/\(vhost)"
+    environment["FRONTDESK_HTTP_PORT"] = "0"
+    environment["FRONTDESK_LOG_LEVEL"] = "error"
+    environment["FRONTDESK_ROUTES"] = routes
+    p.environment = environment
+    p.standardOutput = FileHandle.nullDevice
+    p.standardError = FileHandle.standardError
+    try p.run()
+    return p
+}
+
+func makeVhost(_ label: String) throws -> AMQPURL {
+    let vhost = "frontdesk-pipeline-\(label)-\(UUID().uuidString.prefix(6).lowercased())"
+    try brokerCtl(["add_vhost", vhost])
+    try brokerCtl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
+    var url = base
+    url.vhost = vhost
+    return url
+}
+
+// MARK: - Load and measurement
+
+struct Round {
+    var system: String
+    var offered: Double?  // nil: as fast as confirms allow
+    var throughput: Double
+    var firstEvent: [Double]  // ms, sorted
+    var replied: [Double]  // ms, sorted
+    var failed: Int
+    var cpuMsPerDispatch: [(String, Double)]
+}
+
+func percentile(_ sorted: [Double], _ p: Double) -> Double {
+    sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int((Double(sorted.count) * p).rounded(.up)) - 1)]
+}
+
+/// What the status subscriber saw, by request id.
+final class Observations: Sendable {
+    struct Seen {
+        var firstEvent: [String: ContinuousClock.Instant] = [:]
+        var ended: [String: (at: ContinuousClock.Instant, replied: Bool)] = [:]
+        var endedByRound: [Substring: Int] = [:]
+    }
+    private let seen = Mutex(Seen())
+
+    func saw(_ id: String, state: Substring, at now: ContinuousClock.Instant) {
+        seen.withLock { seen in
+            if seen.firstEvent[id] == nil { seen.firstEvent[id] = now }
+            guard state == "replied" || state == "failed" || state == "cancelled", seen.ended[id] == nil else { return }
+            seen.ended[id] = (now, state == "replied")
+            seen.endedByRound[id.prefix { $0 != "-" }, default: 0] += 1
+        }
+    }
+
+    func endedCount(round: String) -> Int { seen.withLock { $0.endedByRound[Substring(round)] ?? 0 } }
+
+    func results(for ids: [String]) -> [(first: ContinuousClock.Instant?, end: ContinuousClock.Instant?, replied: Bool)] {
+        seen.withLock { seen in ids.map { (seen.firstEvent[$0], seen.ended[$0]?.at, seen.ended[$0]?.replied ?? false) } }
+    }
+}
+
+func requestBody(_ id: String) -> Data {
+    Data(#"{"id":"\#(id)","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","user":"u-42","threadId":"t-9"}"#.utf8)
+}
+
+/// Publishes `ids` at `rate` per second (nil: back to back, 256 a window) and
+/// returns each request's send time.
+func offer(_ ids: [String], rate: Double?, on channel: AMQPChannel) async throws -> [ContinuousClock.Instant] {
+    var sentAt: [ContinuousClock.Instant] = []
+    let start = ContinuousClock.now
+    var next = 0
+    while next < ids.count {
+        let due: Int
+        if let rate {
+            let elapsed = (ContinuousClock.now - start).seconds
+            due = min(ids.count, Int(elapsed * rate) + 1)
+            if due <= next {
+                try await Task.sleep(for: .milliseconds(1))
+                continue
+            }
+        } else {
+            due = min(ids.count, next + 256)
+        }
+        let window = ids[next..<due].map {
+            OutboundMessage(
+                exchange: "frontdesk.commands", routingKey: "dispatch.request", body: requestBody($0),
+                properties: .persistentJSON(messageID: $0))
+        }
+        let now = ContinuousClock.now
+        sentAt += Array(repeating: now, count: window.count)
+        for result in try await channel.publish(window) { try result.get() }
+        next = due
+    }
+    return sentAt
+}
+
+func cpuSeconds(_ processes: [(String, Process)]) -> [String: Double] {
+    var total: [String: Double] = [:]
+    for (name, p) in processes { total[name, default: 0] += ProcStats.cpuSeconds(p.processIdentifier) ?? .nan }
+    return total
+}
+
+/// One round: offer `requests` new requests and wait until each has ended.
+func round(
+    _ system: String, rate: Double?, label: String, channel: AMQPChannel, observations: Observations,
+    processes: [(String, Process)]
+) async throws -> Round {
+    let ids = (0..<requests).map { "\(label)-\($0)" }
+    let cpuBefore = cpuSeconds(processes)
+    let sentAt = try await offer(ids, rate: rate, on: channel)
+    let deadline = ContinuousClock.now + .seconds(120)
+    var reported = ContinuousClock.now
+    while observations.endedCount(round: label) < ids.count, ContinuousClock.now < deadline {
+        try await Task.sleep(for: .milliseconds(20))
+        if ContinuousClock.now - reported > .seconds(5) {
+            reported = .now
+            FileHandle.standardError.write(Data("pipeline-bench: \(system) \(label): \(observations.endedCount(round: label))/\(ids.count) ended\n".utf8))
+        }
+    }
+    let cpuAfter = cpuSeconds(processes)
+    let results = observations.results(for: ids)
+    var first: [Double] = [], replied: [Double] = []
+    var failed = 0, lastEnd = sentAt[0]
+    for (sent, r) in zip(sentAt, results) {
+        if let f = r.first { first.append((f - sent).seconds * 1000) }
+        if let e = r.end, r.replied {
+            replied.append((e - sent).seconds * 1000)
+            lastEnd = max(lastEnd, e)
+        } else {
+            failed += 1
+        }
+    }
+    let cpu = cpuAfter.keys.sorted().map { ($0, (cpuAfter[$0]! - (cpuBefore[$0] ?? 0)) * 1000 / Double(requests)) }
+    return Round(
+        system: system, offered: rate, throughput: Double(replied.count) / (lastEnd - sentAt[0]).seconds,
+        firstEvent: first.sorted(), replied: replied.sorted(), failed: failed, cpuMsPerDispatch: cpu)
+}
+
+/// Connects the producer and the status subscriber to `url`.
+func driver(_ url: AMQPURL, observations: Observations) async throws -> (AMQPConnection, AMQPChannel) {
+    let connection = try await AMQPConnection.connect(.init(url: url, connectionName: "pipeline-bench"))
+    let channel = try await connection.openChannel()
+    try await channel.confirmSelect()
+    let watch = try await connection.openChannel()
+    try await watch.exchangeDeclare("frontdesk.status", type: "topic")
+    try await watch.queueDeclare("bench.watch", exclusive: true)
+    try await watch.queueBind("bench.watch", exchange: "frontdesk.status", routingKey: "status.#")
+    let events = try await watch.consume(queue: "bench.watch", noAck: true)
+    Task {
+        for try await event in events {
+            guard let id = event.properties.correlationID, let dot = event.routingKey.lastIndex(of: ".") else { continue }
+            observations.saw(id, state: event.routingKey[event.routingKey.index(after: dot)...], at: .now)
+        }
+    }
+    return (connection, channel)
+}
+
+/// Runs the maximum, then `fractions` of `scale` (default: this system's maximum).
+func runSystem(_ system: String, url: AMQPURL, processes: [(String, Process)], scale: Double? = nil) async throws -> [Round] {
+    let observations = Observations()
+    let (connection, channel) = try await driver(url, observations: observations)
+    defer { Task { await connection.close() } }
+    // Warm up (connections, queues, caches), then the maximum, then the offered rates.
+    _ = try await round(system, rate: nil, label: "warm", channel: channel, observations: observations, processes: processes)
+    let maximum = try await round(system, rate: nil, label: "max", channel: channel, observations: observations, processes: processes)
+    var rounds = [maximum]
+    for (i, fraction) in fractions.enumerated() {
+        let rate = fraction * (scale ?? maximum.throughput)
+        rounds.append(try await round(system, rate: rate, label: "r\(i)", channel: channel, observations: observations, processes: processes))
+    }
+    return rounds
+}
+
+// MARK: - The pipeline: router, sender, two instant agents
+
+let pURL = try makeVhost("p")
+let router = try start("frontdesk-router", [], vhost: pURL.vhost)
+let sender = try start("frontdesk-sender", [], vhost: pURL.vhost)
+let agentArguments = ["agent", "--target", "yemaya/board-prep", "--instant", "--amqp-url", "amqp://\(base.user):\(base.password)@\(base.host):\(base.port)/\(pURL.vhost)"]
+try await Task.sleep(for: .milliseconds(1500))  // the sender has declared the agent queues
+let agents = try (0..<2).map { _ in try start("frontdesk", agentArguments, vhost: pURL.vhost) }
+try await Task.sleep(for: .seconds(1))  // the agents are seen online
+
+defer {
+    for p in [router, sender] + agents where p.isRunning { p.terminate() }
+    try? brokerCtl(["delete_vhost", pURL.vhost])
+}
+
+let pipelineProcesses = [("router", router), ("sender", sender)] + agents.map { ("agents", $0) }
+let pipeline = try await runSystem("pipeline", url: pURL, processes: pipelineProcesses)
+let pipelineMax = pipeline[0].throughput
+
+// MARK: - The ceiling: pipeline-c-relay
+
+let cURL = try makeVhost("c")
+do {
+    let connection = try await AMQPConnection.connect(.init(url: cURL, connectionName: "pipeline-bench setup"))
+    let channel = try await connection.openChannel()
+    try await channel.exchangeDeclare("frontdesk.commands", type: "topic")
+    try await channel.exchangeDeclare("frontdesk.status", type: "topic")
+    for queue in ["frontdesk.router.intake", "bench.inbox", "bench.replies", "bench.agent"] {
+        try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+    }
+    try await channel.queueBind("frontdesk.router.intake", exchange: "frontdesk.commands", routingKey: "#")
+    for stream in ["bench.decisions", "frontdesk.status.log"] {
+        try await channel.queueDeclare(stream, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
+    }
+    try await channel.queueBind("frontdesk.status.log", exchange: "frontdesk.status", routingKey: "status.#")
+    await connection.close()
+}
+let relay = try start("pipeline-c-relay", [base.host, "\(base.port)", base.user, base.password, cURL.vhost], vhost: cURL.vhost)
+try await Task.sleep(for: .milliseconds(500))
+
+let ceiling = try await runSystem("c-relay", url: cURL, processes: [("c-relay", relay)], scale: pipelineMax)
+relay.terminate()
+try? brokerCtl(["delete_vhost", cURL.vhost])
+let peakRSS = [("router", router), ("sender", sender)].map { ($0.0, ProcStats.peakRSSMiB($0.1.processIdentifier) ?? .nan) }
+
+// MARK: - Report
+
+print("pipeline-bench: \(requests) dispatches a round; producer → router → sender → 2 instant agents → replied; every publish confirmed")
+print("system    offered/s   replied/s   first p50   p99      replied p50  p99      p99.9    failed  CPU-ms/dispatch")
+var csv = "system,offered,throughput,first_p50,first_p99,replied_p50,replied_p99,replied_p999\n"
+for r in pipeline + ceiling {
+    let offered = r.offered.map { String(format: "%9.0f", $0) } ?? "      max"
+    let cpu = r.cpuMsPerDispatch.map { String(format: "%@ %.3f", $0.0, $0.1) }.joined(separator: ", ")
+    print(String(
+        format: "%-9@ %@ %11.0f %9.2f %8.2f %12.2f %8.2f %8.2f %6d  %@", r.system, offered, r.throughput,
+        percentile(r.firstEvent, 0.5), percentile(r.firstEvent, 0.99), percentile(r.replied, 0.5), percentile(r.replied, 0.99),
+        percentile(r.replied, 0.999), r.failed, cpu))
+    csv += String(
+        format: "%@,%.0f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r.system, r.offered ?? r.throughput, r.throughput,
+        percentile(r.firstEvent, 0.5), percentile(r.firstEvent, 0.99), percentile(r.replied, 0.5), percentile(r.replied, 0.99),
+        percentile(r.replied, 0.999))
+}
+print("peak RSS: " + peakRSS.map { String(format: "%@ %.1f MiB", $0.0, $0.1) }.joined(separator: ", "))
+let ratio = pipelineMax / ceiling[0].throughput
+print(String(format: "ratio pipeline / C relay at the maximum = %.2f (target ≥ 0.60)", ratio))
+if let half = pipeline.first(where: { $0.offered.map { abs($0 - pipelineMax / 2) < 1 } ?? false }) {
+    print(String(format: "p99 request → replied at half the maximum (%.0f/s) = %.2f ms (target ≤ 20 ms)", half.offered!, percentile(half.replied, 0.99)))
+}
+if !csvPath.isEmpty { try csv.write(toFile: csvPath, atomically: true, encoding: .utf8) }
