@@ -15,8 +15,12 @@ func dispatchCommand(_ args: Arguments) async throws -> Int32 {
     // A queue of our own on the status exchange, bound before the request goes out.
     let channel = try await connection.openChannel()
     let queue = try await channel.queueDeclare("", durable: false, exclusive: true, autoDelete: true)
-    try await channel.exchangeDeclare("frontdesk.status", type: "topic")
-    try await channel.queueBind(queue.name, exchange: "frontdesk.status", routingKey: "status.#")
+    // The services declare the exchanges; a producer's user may not (least privilege).
+    do {
+        try await channel.queueBind(queue.name, exchange: "frontdesk.status", routingKey: "status.#")
+    } catch let error as AMQPError where error.replyCode == 404 {
+        throw CLIRuntimeError("the exchange frontdesk.status does not exist yet: start frontdesk-router or frontdesk-sender once")
+    }
     var body: [String: Any] = ["id": id, "input": input, "createdAt": RFC3339.format(Date())]
     for (flag, field) in [("project", "project"), ("target", "target"), ("thread", "threadId"), ("user", "user")] {
         if let v = args.options[flag] { body[field] = v }

@@ -1,0 +1,111 @@
+#!/bin/bash
+# Checks deploy/rabbitmq/definitions.json for real on the local broker:
+# imports it, gives each role's user a random password, runs the router,
+# the sender, the reference agent and the CLI each as its own user (a
+# dispatch must end replied, the watcher must see it), checks that each user
+# is refused what its role must not do, and that the services connect over
+# TLS with peer verification (and refuse a wrong CA). Removes what it made.
+#
+#   bash scripts/check-deploy.sh     (the local broker must run; builds debug)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=/dev/null
+source <(bash scripts/broker.sh env)
+BIN="${FRONTDESK_BIN:-.build/debug}"
+[ -x "$BIN/frontdesk-router" ] || swift build >/dev/null
+WORK="$(mktemp -d)"
+PIDS=()
+VHOST=frontdesk
+ROLES=(admin router sender producer agent surface)
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    bash scripts/broker.sh ctl delete_vhost "$VHOST" >/dev/null 2>&1 || true
+    for role in "${ROLES[@]}"; do bash scripts/broker.sh ctl delete_user "$role" >/dev/null 2>&1 || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+failures=0
+check() {  # check LABEL EXPECTED ACTUAL
+    if [[ "$3" == "$2"* ]]; then printf '  ok    %-58s %s\n' "$1" "$3"
+    else printf '  FAIL  %-58s expected %s, got %s\n' "$1" "$2" "$3"; failures=$((failures + 1)); fi
+}
+
+echo "check-deploy: importing deploy/rabbitmq/definitions.json"
+bash scripts/broker.sh ctl import_definitions "$PWD/deploy/rabbitmq/definitions.json" >/dev/null
+declare -A PASSWORD
+for role in "${ROLES[@]}"; do
+    PASSWORD[$role]="$(openssl rand -hex 12)"
+    bash scripts/broker.sh ctl change_password "$role" "${PASSWORD[$role]}" >/dev/null
+done
+url() { echo "amqp://$1:${PASSWORD[$1]}@127.0.0.1:5682/$VHOST"; }
+
+ready() {  # ready PORT: wait for /readyz
+    for _ in $(seq 1 100); do
+        curl -fs "http://127.0.0.1:$1/readyz" >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+echo "check-deploy: services, agent and CLI each as its own user"
+AMQP_URL="$(url router)" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WORK/router.log" & PIDS+=($!)
+AMQP_URL="$(url sender)" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender.log" & PIDS+=($!)
+ready 9201 && check "router ready as user router" ready ready || check "router ready as user router" ready "not ready: $(tail -c 300 "$WORK/router.log")"
+ready 9202 && check "sender ready as user sender" ready ready || check "sender ready as user sender" ready "not ready: $(tail -c 300 "$WORK/sender.log")"
+"$BIN/frontdesk" agent --target yemaya/board-prep --delay-ms 20 --amqp-url "$(url agent)" 2>"$WORK/agent.log" & PIDS+=($!)
+timeout 20 "$BIN/frontdesk" watch --format json --amqp-url "$(url surface)" >"$WORK/watch.out" 2>"$WORK/watch.log" & PIDS+=($!)
+sleep 1
+if timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa about the AGM agenda — short, confirm 14:00" --json \
+    --id check-deploy-1 --amqp-url "$(url producer)" >"$WORK/dispatch.out" 2>"$WORK/dispatch.log"; then
+    check "frontdesk dispatch as producer ends replied" replied replied
+else
+    check "frontdesk dispatch as producer ends replied" replied "exit $?: $(tail -c 300 "$WORK/dispatch.log")"
+fi
+sleep 1
+grep '"check-deploy-1"' "$WORK/watch.out" | grep -q '"state":"replied"' && check "frontdesk watch as surface sees it replied" seen seen \
+    || check "frontdesk watch as surface sees it replied" seen "not seen: $(tail -c 300 "$WORK/watch.log")"
+
+echo "check-deploy: what each role must not do"
+probe() { python3 scripts/amqp-permissions.py "$(url "$1")" "${@:2}"; }
+check "producer may publish to frontdesk.commands" allowed "$(probe producer publish frontdesk.commands dispatch.cancel)"
+check "producer consumes frontdesk.router.intake" refused "$(probe producer consume frontdesk.router.intake)"
+check "producer publishes to frontdesk.status" refused "$(probe producer publish frontdesk.status status.x.y.replied)"
+check "producer declares frontdesk.sneaky" refused "$(probe producer declare frontdesk.sneaky)"
+check "surface may read frontdesk.status.log" allowed "$(probe surface consume frontdesk.status.log)"
+check "surface publishes to frontdesk.commands" refused "$(probe surface publish frontdesk.commands dispatch.request)"
+check "surface publishes to frontdesk.status" refused "$(probe surface publish frontdesk.status status.x.y.replied)"
+check "surface consumes frontdesk.agent.yemaya.board-prep" refused "$(probe surface consume frontdesk.agent.yemaya.board-prep)"
+check "agent publishes to frontdesk.commands" refused "$(probe agent publish frontdesk.commands dispatch.request)"
+check "agent publishes to frontdesk.status" refused "$(probe agent publish frontdesk.status status.x.y.replied)"
+check "agent consumes frontdesk.sender.inbox" refused "$(probe agent consume frontdesk.sender.inbox)"
+check "agent declares frontdesk.replies.mine" refused "$(probe agent declare frontdesk.replies.mine)"
+check "router consumes frontdesk.replies" refused "$(probe router consume frontdesk.replies)"
+check "router consumes frontdesk.agent.yemaya.board-prep" refused "$(probe router consume frontdesk.agent.yemaya.board-prep)"
+check "router publishes to frontdesk.commands" refused "$(probe router publish frontdesk.commands dispatch.request)"
+check "sender consumes frontdesk.router.intake" refused "$(probe sender consume frontdesk.router.intake)"
+check "sender publishes to frontdesk.commands" refused "$(probe sender publish frontdesk.commands dispatch.request)"
+check "sender declares frontdesk.router.sneaky" refused "$(probe sender declare frontdesk.router.sneaky)"
+for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+wait 2>/dev/null || true
+PIDS=()
+
+echo "check-deploy: TLS with peer verification (amqps on 5681)"
+tls_url() { echo "amqps://$1:${PASSWORD[$1]}@localhost:5681/$VHOST"; }
+AMQP_URL="$(tls_url router)" AMQP_CA_FILE="$FRONTDESK_TEST_CERTS/ca.pem" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WORK/router-tls.log" & PIDS+=($!)
+AMQP_URL="$(tls_url sender)" AMQP_CA_FILE="$FRONTDESK_TEST_CERTS/ca.pem" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender-tls.log" & PIDS+=($!)
+ready 9201 && check "router over amqps, CA verified" ready ready || check "router over amqps, CA verified" ready "not ready: $(tail -c 300 "$WORK/router-tls.log")"
+ready 9202 && check "sender over amqps, CA verified" ready ready || check "sender over amqps, CA verified" ready "not ready: $(tail -c 300 "$WORK/sender-tls.log")"
+for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+wait 2>/dev/null || true
+PIDS=()
+AMQP_URL="$(tls_url router)" AMQP_CA_FILE="$FRONTDESK_TEST_CERTS/wrong-ca.pem" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WORK/router-wrong.log" & PIDS+=($!)
+sleep 3
+status="$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:9201/readyz || true)"
+check "router with a wrong CA is not ready" 503 "$status"
+reason="$(grep -o '"error":"[^"]*' "$WORK/router-wrong.log" | head -n1 | cut -c10-)"
+case "$reason" in *certificate*|*verify*|*TLS*|*tls*|*SSL*|*ssl*) check "  …and logs why" "logged" "logged: $reason" ;;
+    *) check "  …and logs why" "logged" "no clear reason: $(tail -c 300 "$WORK/router-wrong.log")" ;; esac
+
+if [ "$failures" -gt 0 ]; then echo "check-deploy: $failures check(s) failed"; exit 1; fi
+echo "check-deploy: all checks passed"
