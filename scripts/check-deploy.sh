@@ -40,19 +40,19 @@ for role in "${ROLES[@]}"; do
 done
 url() { echo "amqp://$1:${PASSWORD[$1]}@127.0.0.1:5682/$VHOST"; }
 
-ready() {  # ready PORT: wait for /readyz
+expect_ready() {  # expect_ready PORT LABEL LOG: wait for /readyz
     for _ in $(seq 1 100); do
-        curl -fs "http://127.0.0.1:$1/readyz" >/dev/null 2>&1 && return 0
+        if curl -fs "http://127.0.0.1:$1/readyz" >/dev/null 2>&1; then check "$2" ready ready; return; fi
         sleep 0.2
     done
-    return 1
+    check "$2" ready "not ready: $(tail -c 300 "$3")"
 }
 
 echo "check-deploy: services, agent and CLI each as its own user"
 AMQP_URL="$(url router)" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WORK/router.log" & PIDS+=($!)
 AMQP_URL="$(url sender)" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender.log" & PIDS+=($!)
-ready 9201 && check "router ready as user router" ready ready || check "router ready as user router" ready "not ready: $(tail -c 300 "$WORK/router.log")"
-ready 9202 && check "sender ready as user sender" ready ready || check "sender ready as user sender" ready "not ready: $(tail -c 300 "$WORK/sender.log")"
+expect_ready 9201 "router ready as user router" "$WORK/router.log"
+expect_ready 9202 "sender ready as user sender" "$WORK/sender.log"
 "$BIN/frontdesk" agent --target yemaya/board-prep --delay-ms 20 --amqp-url "$(url agent)" 2>"$WORK/agent.log" & PIDS+=($!)
 timeout 20 "$BIN/frontdesk" watch --format json --amqp-url "$(url surface)" >"$WORK/watch.out" 2>"$WORK/watch.log" & PIDS+=($!)
 sleep 1
@@ -63,8 +63,11 @@ else
     check "frontdesk dispatch as producer ends replied" replied "exit $?: $(tail -c 300 "$WORK/dispatch.log")"
 fi
 sleep 1
-grep '"check-deploy-1"' "$WORK/watch.out" | grep -q '"state":"replied"' && check "frontdesk watch as surface sees it replied" seen seen \
-    || check "frontdesk watch as surface sees it replied" seen "not seen: $(tail -c 300 "$WORK/watch.log")"
+if grep '"check-deploy-1"' "$WORK/watch.out" | grep -q '"state":"replied"'; then
+    check "frontdesk watch as surface sees it replied" seen seen
+else
+    check "frontdesk watch as surface sees it replied" seen "not seen: $(tail -c 300 "$WORK/watch.log")"
+fi
 
 echo "check-deploy: what each role must not do"
 probe() { python3 scripts/amqp-permissions.py "$(url "$1")" "${@:2}"; }
@@ -94,8 +97,8 @@ echo "check-deploy: TLS with peer verification (amqps on 5681)"
 tls_url() { echo "amqps://$1:${PASSWORD[$1]}@localhost:5681/$VHOST"; }
 AMQP_URL="$(tls_url router)" AMQP_CA_FILE="$FRONTDESK_TEST_CERTS/ca.pem" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WORK/router-tls.log" & PIDS+=($!)
 AMQP_URL="$(tls_url sender)" AMQP_CA_FILE="$FRONTDESK_TEST_CERTS/ca.pem" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender-tls.log" & PIDS+=($!)
-ready 9201 && check "router over amqps, CA verified" ready ready || check "router over amqps, CA verified" ready "not ready: $(tail -c 300 "$WORK/router-tls.log")"
-ready 9202 && check "sender over amqps, CA verified" ready ready || check "sender over amqps, CA verified" ready "not ready: $(tail -c 300 "$WORK/sender-tls.log")"
+expect_ready 9201 "router over amqps, CA verified" "$WORK/router-tls.log"
+expect_ready 9202 "sender over amqps, CA verified" "$WORK/sender-tls.log"
 for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
 wait 2>/dev/null || true
 PIDS=()

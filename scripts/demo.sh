@@ -19,7 +19,7 @@ pids=()
 agent=""
 cleanup() {
   trap - EXIT INT TERM
-  [ -n "$agent" ] && kill "$agent" 2>/dev/null || true
+  if [ -n "$agent" ]; then kill "$agent" 2>/dev/null || true; fi
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   if [ "$started" = 1 ]; then bash scripts/broker.sh stop; fi
@@ -39,7 +39,7 @@ trap 'bash scripts/broker.sh ctl delete_vhost "$vhost" >/dev/null 2>&1 || true; 
 
 echo "demo: building" >&2
 # FRONTDESK_SWIFT_FLAGS: the test script passes its own, so nothing is built twice.
-flags=(${FRONTDESK_SWIFT_FLAGS:-})
+read -r -a flags <<<"${FRONTDESK_SWIFT_FLAGS:-}"
 swift build "${flags[@]}" --product frontdesk-router >/dev/null
 swift build "${flags[@]}" --product frontdesk-sender >/dev/null
 swift build "${flags[@]}" --product frontdesk >/dev/null

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs what is missing, starts the
 # project-local broker (or reuses a running one), builds with warnings as
-# errors, runs the demo's non-interactive check and every test, and stops
-# the broker it started even when tests fail.
+# errors, runs the static checks (shellcheck, yamllint), the demo's
+# non-interactive check, the deploy check (least-privilege users, TLS) and
+# every test, and stops the broker it started even when tests fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+bash scripts/lint.sh
 started=0
 if ! bash scripts/broker.sh status; then
   bash scripts/broker.sh start
@@ -16,4 +18,5 @@ trap cleanup EXIT
 eval "$(bash scripts/broker.sh env)"
 swift build --build-tests -Xswiftc -warnings-as-errors
 FRONTDESK_SWIFT_FLAGS="-Xswiftc -warnings-as-errors" bash scripts/demo.sh --check
+bash scripts/check-deploy.sh
 swift test -Xswiftc -warnings-as-errors

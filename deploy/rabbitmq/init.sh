@@ -6,9 +6,15 @@ set -euo pipefail
 
 rabbitmq-server &
 broker=$!
-trap 'rabbitmqctl stop >/dev/null 2>&1 || true; wait "$broker"' TERM INT
+trap 'rabbitmqctl stop >/dev/null 2>&1 || true; wait "$broker"; exit 0' TERM INT
 
-rabbitmqctl await_startup --timeout 120 >/dev/null
+# The node registers with epmd a few seconds after it starts; until then
+# await_startup fails at once, so ask again.
+for _ in $(seq 1 120); do
+    rabbitmqctl -q await_startup --timeout 120 >/dev/null 2>&1 && break
+    kill -0 "$broker" 2>/dev/null || { echo "init.sh: rabbitmq-server exited" >&2; exit 1; }
+    sleep 1
+done
 for role in admin router sender producer agent surface; do
     variable="$(echo "$role" | tr '[:lower:]' '[:upper:]')_PASSWORD"
     [ "$role" = admin ] && variable=RABBITMQ_ADMIN_PASSWORD
