@@ -27,7 +27,6 @@ fi
 SWIFT_IMAGE="${SWIFT_IMAGE:-localhost/swift-toolchain:6.3.1-bookworm}"
 if ! podman image exists "$SWIFT_IMAGE"; then
     rm -rf "$WORK/rootfs-swift" && mkdir -p "$WORK/rootfs-swift"
-    podman save docker.io/library/debian:bookworm-slim >/dev/null  # (present)
     [ -d "$WORK/rootfs" ] || debootstrap --variant=minbase bookworm "$WORK/rootfs" "$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)" >/dev/null
     cp -a "$WORK/rootfs/." "$WORK/rootfs-swift/"
     swift_root="$(dirname "$(dirname "$(dirname "$(readlink -f "$(command -v swift)")")")")"
