@@ -14,14 +14,7 @@ let total = Int(argument("--dispatches", "100000"))!
 let bin = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
 var url = try AMQPURL(parsing: ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
 
-func rssMiB(_ pid: Int32) -> Double {
-    guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-        let line = text.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-        let kb = Double(line.split(separator: " ", omittingEmptySubsequences: true)[1])
-    else { return 0 }
-    return kb / 1024
-}
-
+func rssMiB(_ pid: Int32) -> Double { ProcStats.rssMiB(pid) ?? 0 }
 
 let vhost = "frontdesk-scale-\(UUID().uuidString.prefix(6).lowercased())"
 try brokerCtl(["add_vhost", vhost])

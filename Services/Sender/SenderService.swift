@@ -95,6 +95,9 @@ final class SenderService: Service {
         try await term.run(replayedCommands: replayed)
     }
 
+    /// How long a new term waits for a dead leader's last events to reach the log.
+    static let takeoverGrace = Duration.seconds(1)
+
     /// Reads the status log from the lifetime window's start, up to a marker
     /// of our own, then keeps reading it for the rest of the term.
     private func followStatusLog(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> (log: StatusLog, reader: Task<Void, Never>) {
@@ -115,11 +118,20 @@ final class SenderService: Service {
                 }
             } catch {}
         }
-        let marker = "marker-\(UUID().uuidString)"
-        try await publisher.publish(OutboundMessage(
-            exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
-            properties: AMQPProperties(messageID: marker, type: "frontdesk.sender.marker.v1")))
-        await log.waitFor(marker: marker)
+        func readToMarker() async throws {
+            let marker = "marker-\(UUID().uuidString)"
+            try await publisher.publish(OutboundMessage(
+                exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
+                properties: AMQPProperties(messageID: marker, type: "frontdesk.sender.marker.v1")))
+            await log.waitFor(marker: marker)
+        }
+        try await readToMarker()
+        // A leader killed a moment ago may have events still inside the broker
+        // (published, not yet routed to the log) when our marker lands: a
+        // terminal one among them would make its dispatch look unfinished.
+        // Give them time to land, then read to a second marker.
+        try await Task.sleep(for: Self.takeoverGrace)
+        try await readToMarker()
         return (log, reader)
     }
 

@@ -163,7 +163,22 @@ def main():
             time.sleep(1)
         stop.set()
         settle = time.time() - started
-        time.sleep(2)  # late duplicates or events after the end show up now
+        time.sleep(5)  # late duplicates or events after the end show up now
+        # Nothing may be left waiting in the broker: a dispatch brought back
+        # to life after its end would sit in a park, delay or inbox queue.
+        connection = harness.connect(vhost.url)
+        channel = connection.channel()
+        leftovers = {}
+        for route in TARGETS:
+            for queue in ["frontdesk.sender.park." + ".".join(route)]:
+                count = channel.queue_declare(queue, passive=True).method.message_count
+                if count:
+                    leftovers[queue] = count
+        for queue in ["frontdesk.sender.inbox", "frontdesk.router.intake"]:
+            count = channel.queue_declare(queue, passive=True).method.message_count
+            if count:
+                leftovers[queue] = count
+        connection.close()
 
         snapshot = status.snapshot()
         tallies, problems = harness.check_histories(snapshot, ids)
@@ -199,6 +214,8 @@ def main():
               f"tasks sent after a cancel: {len(late_tasks)}; sent before it and received after: {stale_tasks}")
         print(f"  reroutes sent: {len(reroutes)} ({rerouted_ends} replied on the new target; "
               f"{len(set(rerouted_to_old))} reached the old target first, before the reroute)")
+        if leftovers:
+            problems.append(f"left in the broker after every dispatch ended: {leftovers}")
         crashed = [s.executable for s in services if s.process.poll() not in (None,)]
         if crashed:
             problems.append(f"services not running at the end: {crashed}")
@@ -206,6 +223,15 @@ def main():
             print(f"chaos: {len(problems)} violation(s); first ones:")
             for p in problems[:10]:
                 print("  " + p)
+                rid = p.split(":")[0]
+                for seq, state, event, seen in snapshot.get(rid, []):
+                    detail = event.get("queue") or event.get("error") or event.get("cancel") or ""
+                    print(f"      {seen:.3f} seq {seq:5} {state:10} attempt {event.get('attempt')} {detail}")
+                with deliveries_lock:
+                    for d in deliveries:
+                        if d[0] == rid:
+                            print(f"      {d[2]:.3f} task attempt {d[1]} to {d[4]} (sent at {d[3]})")
+            print(f"  service logs: {logs}")
             return 1
         print("chaos: passed — one terminal state each, none lost, seq only grew, nothing sent after a cancel")
         return 0
