@@ -78,6 +78,11 @@ final class SenderTerm {
     /// Runs the term until its connection fails or `stop` is set.
     func run(replayedCommands: [AMQPDelivery]) async throws {
         for c in replayedCommands { try await remember(c) }
+        // Know who is online before the first hand-off: one that arrives at
+        // once must go straight to an online agent, not through the park queue.
+        let probe = try await connection.openChannel()
+        try await presenceChanged(try await Self.presenceSnapshot(probe, table: table), now: Date())
+        await probe.close()
         try await forward(queue: SenderTopology.inbox, prefetch: 500) { .inbox($0) }
         try await forward(queue: SenderTopology.replies, prefetch: 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired, prefetch: 100) { .expired($0) }
@@ -125,19 +130,23 @@ final class SenderTerm {
     static func pollPresence(connection: AMQPConnection, table: RoutingTable, feed: BatchQueue<Input>) async {
         guard let channel = try? await connection.openChannel() else { return feed.finish() }
         while !Task.isCancelled {
-            var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
-            do {
-                for r in table.routes {
-                    let agents = try await channel.queueDeclare(SenderTopology.agentQueue(r), passive: true)
-                    let parked = try await channel.queueDeclare(SenderTopology.parkQueue(r), passive: true)
-                    snapshot[r] = (agents.consumerCount, parked.messageCount)
-                }
-            } catch {
-                return feed.finish()
-            }
+            guard let snapshot = try? await presenceSnapshot(channel, table: table) else { return feed.finish() }
             feed.yield(.presence(snapshot))
             try? await Task.sleep(for: .milliseconds(300))
         }
+    }
+
+    /// Consumers on each agent queue and messages in each park queue, by passive declares.
+    static func presenceSnapshot(
+        _ channel: AMQPChannel, table: RoutingTable
+    ) async throws -> [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] {
+        var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
+        for r in table.routes {
+            let agents = try await channel.queueDeclare(SenderTopology.agentQueue(r), passive: true)
+            let parked = try await channel.queueDeclare(SenderTopology.parkQueue(r), passive: true)
+            snapshot[r] = (agents.consumerCount, parked.messageCount)
+        }
+        return snapshot
     }
 
     // MARK: Inputs
@@ -347,7 +356,7 @@ final class SenderTerm {
         }
     }
 
-    private func presenceChanged(_ snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], now: Date) async throws {
+    func presenceChanged(_ snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], now: Date) async throws {
         let before = presence
         presence = snapshot
         for (route, now_) in snapshot {
