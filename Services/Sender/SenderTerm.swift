@@ -108,6 +108,9 @@ final class SenderTerm {
             let messages = pendingMessages
             pendingMessages = []
             for result in try await publisher.publish(messages) { try result.get() }
+            for m in messages where m.exchange == SharedTopology.statusExchange {
+                statusLog.note(properties: m.properties, routingKey: m.routingKey)
+            }
         }
         let acks = pendingAcks
         pendingAcks = []

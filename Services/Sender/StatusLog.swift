@@ -35,10 +35,17 @@ final class StatusLog: Sendable {
             waiter?.resume()
             return
         }
-        guard let id = d.properties.correlationID, let messageID = d.properties.messageID,
+        note(properties: d.properties, routingKey: d.routingKey)
+    }
+
+    /// Records one status event by its properties and routing key. Also
+    /// called by the leader for its own events as soon as they are confirmed,
+    /// so that what it decides next never waits for the stream to catch up.
+    func note(properties: AMQPProperties, routingKey: String) {
+        guard let id = properties.correlationID, let messageID = properties.messageID,
             let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...])
         else { return }
-        let stateName = d.routingKey.split(separator: ".").last.map(String.init) ?? ""
+        let stateName = routingKey.split(separator: ".").last.map(String.init) ?? ""
         let terminal = ["replied", "failed", "cancelled"].contains(stateName)
         state.withLock { s in
             var e = s.entries[id] ?? Entry(lastSeq: 0, terminal: false, seenAt: Date())
