@@ -44,16 +44,19 @@ let package = Package(
 
         // Benchmarks: print figures, assert nothing about speed.
         .target(name: "BenchmarkSupport", path: "Benchmarks/Support"),
+        .target(name: "BenchmarkCSupport", path: "Benchmarks/CSupport", linkerSettings: [.linkedLibrary("rabbitmq")]),
         .executableTarget(name: "amqp-bench", dependencies: ["AMQP", "BenchmarkSupport"], path: "Benchmarks/AMQPBench"),
         .executableTarget(name: "router-bench", dependencies: ["AMQP", "BenchmarkSupport"], path: "Benchmarks/RouterBench"),
         .executableTarget(
             name: "router-c-relay",
+            dependencies: ["BenchmarkCSupport"],
             path: "Benchmarks/RouterCRelay",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
         .executableTarget(name: "pipeline-bench", dependencies: ["AMQP", "BenchmarkSupport"], path: "Benchmarks/PipelineBench"),
         .executableTarget(
             name: "pipeline-c-relay",
+            dependencies: ["BenchmarkCSupport"],
             path: "Benchmarks/PipelineCRelay",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
@@ -61,6 +64,7 @@ let package = Package(
         .executableTarget(name: "resolver-bench", dependencies: ["FrontDeskModel"], path: "Benchmarks/ResolverBench"),
         .executableTarget(
             name: "amqp-c-baseline",
+            dependencies: ["BenchmarkCSupport"],
             path: "Benchmarks/AMQPCBaseline",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),

@@ -6,6 +6,8 @@
 //
 //   amqp-c-baseline HOST PORT USER PASSWORD MESSAGES WINDOW BODY_BYTES
 #include <amqp.h>
+#include "bench_amqp.h"
+#define PROGRAM "amqp-c-baseline"
 #include <amqp_framing.h>
 #include <amqp_tcp_socket.h>
 #include <pthread.h>
@@ -25,34 +27,18 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void die(const char *what) {
-  fprintf(stderr, "amqp-c-baseline: %s failed\n", what);
-  exit(1);
-}
-
-static amqp_connection_state_t open_connection(void) {
-  amqp_connection_state_t c = amqp_new_connection();
-  amqp_socket_t *s = amqp_tcp_socket_new(c);
-  if (!s || amqp_socket_open(s, host, port) != AMQP_STATUS_OK) die("connect");
-  if (amqp_login(c, "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, user, password).reply_type != AMQP_RESPONSE_NORMAL)
-    die("login");
-  amqp_channel_open(c, 1);
-  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) die("channel.open");
-  return c;
-}
-
 static double consumer_done_ms;
 
 static void *consume(void *arg) {
   amqp_connection_state_t c = arg;
   amqp_basic_qos(c, 1, 0, (uint16_t)(2 * window), 0);
   amqp_basic_consume(c, 1, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
-  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) die("basic.consume");
+  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "basic.consume");
   for (int received = 0; received < messages;) {
     amqp_envelope_t e;
     amqp_maybe_release_buffers(c);
     amqp_rpc_reply_t r = amqp_consume_message(c, &e, NULL, 0);
-    if (r.reply_type != AMQP_RESPONSE_NORMAL) die("consume");
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume");
     amqp_basic_ack(c, 1, e.delivery_tag, 0);
     amqp_destroy_envelope(&e);
     received++;
@@ -75,15 +61,15 @@ int main(int argc, char **argv) {
   messages = atoi(argv[5]); window = atoi(argv[6]); body_bytes = atoi(argv[7]);
   snprintf(queue, sizeof queue, "frontdesk.bench.c.%d", (int)getpid());
 
-  amqp_connection_state_t pub = open_connection();
+  amqp_connection_state_t pub = bench_open(PROGRAM, host, port, user, password, "/");
   amqp_table_entry_t type = {amqp_cstring_bytes("x-queue-type"), {AMQP_FIELD_KIND_UTF8, {.bytes = amqp_cstring_bytes("quorum")}}};
   amqp_table_t args = {1, &type};
   amqp_queue_declare(pub, 1, amqp_cstring_bytes(queue), 0, 1, 0, 0, args);
-  if (amqp_get_rpc_reply(pub).reply_type != AMQP_RESPONSE_NORMAL) die("queue.declare");
+  if (amqp_get_rpc_reply(pub).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "queue.declare");
   amqp_confirm_select(pub, 1);
-  if (amqp_get_rpc_reply(pub).reply_type != AMQP_RESPONSE_NORMAL) die("confirm.select");
+  if (amqp_get_rpc_reply(pub).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "confirm.select");
 
-  amqp_connection_state_t sub = open_connection();
+  amqp_connection_state_t sub = bench_open(PROGRAM, host, port, user, password, "/");
   pthread_t consumer;
   pthread_create(&consumer, NULL, consume, sub);
 
@@ -103,13 +89,13 @@ int main(int argc, char **argv) {
     double t0 = now_ms();
     for (int i = 0; i < count; i++) {
       if (amqp_basic_publish(pub, 1, amqp_empty_bytes, amqp_cstring_bytes(queue), 0, 0, &props,
-                             (amqp_bytes_t){(size_t)body_bytes, body}) != AMQP_STATUS_OK) die("publish");
+                             (amqp_bytes_t){(size_t)body_bytes, body}) != AMQP_STATUS_OK) bench_die(PROGRAM, "publish");
       published++;
     }
     while (confirmed < published) {
       amqp_frame_t f;
       amqp_maybe_release_buffers(pub);
-      if (amqp_simple_wait_frame(pub, &f) != AMQP_STATUS_OK) die("wait for confirm");
+      if (amqp_simple_wait_frame(pub, &f) != AMQP_STATUS_OK) bench_die(PROGRAM, "wait for confirm");
       if (f.frame_type == AMQP_FRAME_METHOD && f.payload.method.id == AMQP_BASIC_ACK_METHOD) {
         amqp_basic_ack_t *a = f.payload.method.decoded;
         confirmed = a->multiple ? a->delivery_tag : confirmed + 1;

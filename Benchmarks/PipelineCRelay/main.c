@@ -16,6 +16,8 @@
 //
 //   pipeline-c-relay HOST PORT USER PASSWORD VHOST
 #include <amqp.h>
+#include "bench_amqp.h"
+#define PROGRAM "pipeline-c-relay"
 #include <amqp_framing.h>
 #include <amqp_tcp_socket.h>
 #include <pthread.h>
@@ -31,26 +33,10 @@
 static const char *host, *user, *password, *vhost;
 static int port;
 
-static void die(const char *what) {
-  fprintf(stderr, "pipeline-c-relay: %s failed\n", what);
-  exit(1);
-}
-
-static amqp_connection_state_t open_connection(void) {
-  amqp_connection_state_t c = amqp_new_connection();
-  amqp_socket_t *s = amqp_tcp_socket_new(c);
-  if (!s || amqp_socket_open(s, host, port) != AMQP_STATUS_OK) die("connect");
-  if (amqp_login(c, vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, user, password).reply_type != AMQP_RESPONSE_NORMAL)
-    die("login");
-  amqp_channel_open(c, 1);
-  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) die("channel.open");
-  return c;
-}
-
 static void consume(amqp_connection_state_t c, const char *queue, amqp_table_t args, int prefetch) {
   amqp_basic_qos(c, 1, 0, prefetch, 0);
   amqp_basic_consume(c, 1, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0, args);
-  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) die(queue);
+  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, queue);
 }
 
 #define WINDOW 4096
@@ -66,9 +52,9 @@ typedef struct {
 
 static publisher_t *open_publisher(void) {
   publisher_t *p = calloc(1, sizeof *p);
-  p->c = open_connection();
+  p->c = bench_open(PROGRAM, host, port, user, password, vhost);
   amqp_confirm_select(p->c, 1);
-  if (amqp_get_rpc_reply(p->c).reply_type != AMQP_RESPONSE_NORMAL) die("confirm.select");
+  if (amqp_get_rpc_reply(p->c).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "confirm.select");
   return p;
 }
 
@@ -80,8 +66,8 @@ static void publish(publisher_t *p, const char *exchange, const char *key, const
   props.correlation_id = amqp_cstring_bytes(id);
   if (amqp_basic_publish(p->c, 1, amqp_cstring_bytes(exchange), amqp_cstring_bytes(key), 0, 0, &props,
                          (amqp_bytes_t){size, (void *)body}) != 0)
-    die("publish");
-  if (++p->published - p->window_start > WINDOW) die("publish window");
+    bench_die(PROGRAM, "publish");
+  if (++p->published - p->window_start > WINDOW) bench_die(PROGRAM, "publish window");
 }
 
 static void wait_confirms(publisher_t *p) {
@@ -95,8 +81,8 @@ static void wait_confirms(publisher_t *p) {
       exit(1);
     }
     if (f.frame_type != AMQP_FRAME_METHOD) continue;
-    if (f.payload.method.id == AMQP_BASIC_NACK_METHOD) die("confirm (nack)");
-    if (f.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD) die("connection (closed by the broker)");
+    if (f.payload.method.id == AMQP_BASIC_NACK_METHOD) bench_die(PROGRAM, "confirm (nack)");
+    if (f.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD) bench_die(PROGRAM, "connection (closed by the broker)");
     if (f.payload.method.id != AMQP_BASIC_ACK_METHOD) continue;
     amqp_basic_ack_t *a = f.payload.method.decoded;
     uint64_t from = a->multiple ? p->window_start + 1 : a->delivery_tag;
@@ -128,7 +114,7 @@ static int take_batch(amqp_connection_state_t c, item_t *items, uint64_t *last) 
     amqp_maybe_release_buffers(c);
     amqp_rpc_reply_t r = amqp_consume_message(c, &e, n == 0 ? NULL : &tv, 0);
     if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) break;
-    if (r.reply_type != AMQP_RESPONSE_NORMAL) die("consume");
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume");
     amqp_basic_properties_t *p = &e.message.properties;
     amqp_bytes_t id = (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG) ? p->correlation_id
                       : (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) ? p->message_id
@@ -161,7 +147,8 @@ static void publish_event(publisher_t *p, const char *id, int seq, const char *s
 
 static void *router(void *unused) {
   (void)unused;
-  amqp_connection_state_t in = open_connection(), tail = open_connection();
+  amqp_connection_state_t in = bench_open(PROGRAM, host, port, user, password, vhost);
+  amqp_connection_state_t tail = bench_open(PROGRAM, host, port, user, password, vhost);
   publisher_t *pub = open_publisher();
   consume(in, "frontdesk.router.intake", amqp_empty_table, 2 * BATCH);
   amqp_table_entry_t offset = {amqp_cstring_bytes("x-stream-offset"), {AMQP_FIELD_KIND_UTF8, {.bytes = amqp_cstring_bytes("next")}}};
@@ -177,7 +164,7 @@ static void *router(void *unused) {
     for (int i = 0; i < n; i++) {
       amqp_envelope_t e;
       amqp_maybe_release_buffers(tail);
-      if (amqp_consume_message(tail, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) die("read stream");
+      if (amqp_consume_message(tail, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "read stream");
       amqp_basic_ack(tail, 1, e.delivery_tag, 0);
       amqp_destroy_envelope(&e);
     }
@@ -194,12 +181,12 @@ static void *router(void *unused) {
 
 static void *sender(void *unused) {
   (void)unused;
-  amqp_connection_state_t in = open_connection();
+  amqp_connection_state_t in = bench_open(PROGRAM, host, port, user, password, vhost);
   publisher_t *pub = open_publisher();
   amqp_basic_qos(in, 1, 0, 2 * BATCH, 0);
   amqp_basic_consume(in, 1, amqp_cstring_bytes("bench.inbox"), amqp_cstring_bytes("inbox"), 0, 0, 0, amqp_empty_table);
   amqp_basic_consume(in, 1, amqp_cstring_bytes("bench.replies"), amqp_cstring_bytes("replies"), 0, 0, 0, amqp_empty_table);
-  if (amqp_get_rpc_reply(in).reply_type != AMQP_RESPONSE_NORMAL) die("consume inbox");
+  if (amqp_get_rpc_reply(in).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume inbox");
   static item_t items[BATCH];
   char task[700];
   memset(task, 't', sizeof task);
@@ -222,7 +209,7 @@ static void *sender(void *unused) {
 
 static void *agent(void *unused) {
   (void)unused;
-  amqp_connection_state_t in = open_connection();
+  amqp_connection_state_t in = bench_open(PROGRAM, host, port, user, password, vhost);
   publisher_t *pub = open_publisher();
   consume(in, "bench.agent", amqp_empty_table, 2 * BATCH);
   static item_t items[BATCH];

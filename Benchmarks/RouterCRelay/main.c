@@ -7,6 +7,8 @@
 //   router-c-relay HOST PORT USER PASSWORD VHOST INTAKE STREAM OUT COUNT
 // Prints {"requests_per_s": ...} once COUNT requests are relayed.
 #include <amqp.h>
+#include "bench_amqp.h"
+#define PROGRAM "router-c-relay"
 #include <amqp_framing.h>
 #include <amqp_tcp_socket.h>
 #include <stdio.h>
@@ -23,28 +25,11 @@ static double now_s(void) {
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static void die(const char *what) {
-  fprintf(stderr, "router-c-relay: %s failed\n", what);
-  exit(1);
-}
-
-static amqp_connection_state_t open_connection(const char *host, int port, const char *user, const char *password,
-                                               const char *vhost) {
-  amqp_connection_state_t c = amqp_new_connection();
-  amqp_socket_t *s = amqp_tcp_socket_new(c);
-  if (!s || amqp_socket_open(s, host, port) != AMQP_STATUS_OK) die("connect");
-  if (amqp_login(c, vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, user, password).reply_type != AMQP_RESPONSE_NORMAL)
-    die("login");
-  amqp_channel_open(c, 1);
-  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) die("channel.open");
-  return c;
-}
-
 static void wait_confirms(amqp_connection_state_t c, uint64_t *confirmed, uint64_t published) {
   while (*confirmed < published) {
     amqp_frame_t f;
     amqp_maybe_release_buffers(c);
-    if (amqp_simple_wait_frame(c, &f) != AMQP_STATUS_OK) die("wait for confirm");
+    if (amqp_simple_wait_frame(c, &f) != AMQP_STATUS_OK) bench_die(PROGRAM, "wait for confirm");
     if (f.frame_type == AMQP_FRAME_METHOD && f.payload.method.id == AMQP_BASIC_ACK_METHOD) {
       amqp_basic_ack_t *a = f.payload.method.decoded;
       *confirmed = a->multiple ? a->delivery_tag : *confirmed + 1;
@@ -61,18 +46,18 @@ int main(int argc, char **argv) {
   int port = atoi(argv[2]), count = atoi(argv[9]);
   amqp_bytes_t intake = amqp_cstring_bytes(argv[6]), stream = amqp_cstring_bytes(argv[7]), out = amqp_cstring_bytes(argv[8]);
 
-  amqp_connection_state_t in = open_connection(host, port, user, password, vhost);
-  amqp_connection_state_t pub = open_connection(host, port, user, password, vhost);
-  amqp_connection_state_t tail = open_connection(host, port, user, password, vhost);
+  amqp_connection_state_t in = bench_open(PROGRAM, host, port, user, password, vhost);
+  amqp_connection_state_t pub = bench_open(PROGRAM, host, port, user, password, vhost);
+  amqp_connection_state_t tail = bench_open(PROGRAM, host, port, user, password, vhost);
   amqp_basic_qos(in, 1, 0, BATCH, 0);
   amqp_basic_consume(in, 1, intake, amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
-  if (amqp_get_rpc_reply(in).reply_type != AMQP_RESPONSE_NORMAL) die("consume intake");
+  if (amqp_get_rpc_reply(in).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume intake");
   amqp_confirm_select(pub, 1);
-  if (amqp_get_rpc_reply(pub).reply_type != AMQP_RESPONSE_NORMAL) die("confirm.select");
+  if (amqp_get_rpc_reply(pub).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "confirm.select");
   amqp_basic_qos(tail, 1, 0, 2 * BATCH, 0);
   amqp_table_entry_t offset = {amqp_cstring_bytes("x-stream-offset"), {AMQP_FIELD_KIND_UTF8, {.bytes = amqp_cstring_bytes("next")}}};
   amqp_basic_consume(tail, 1, stream, amqp_empty_bytes, 0, 0, 0, (amqp_table_t){1, &offset});
-  if (amqp_get_rpc_reply(tail).reply_type != AMQP_RESPONSE_NORMAL) die("consume stream");
+  if (amqp_get_rpc_reply(tail).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume stream");
 
   amqp_basic_properties_t props = {0};
   props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG;
@@ -99,7 +84,7 @@ int main(int argc, char **argv) {
         if (n > 0) break;
         continue;
       }
-      if (r.reply_type != AMQP_RESPONSE_NORMAL) die("consume request");
+      if (r.reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume request");
       if (start == 0) start = now_s();
       last_tag = e.delivery_tag;
       amqp_destroy_envelope(&e);
@@ -108,7 +93,7 @@ int main(int argc, char **argv) {
     // 2. Append n records to the stream, confirmed.
     for (int i = 0; i < n; i++) {
       if (amqp_basic_publish(pub, 1, amqp_empty_bytes, stream, 0, 0, &props, (amqp_bytes_t){sizeof record, record}) != 0)
-        die("publish record");
+        bench_die(PROGRAM, "publish record");
       published++;
     }
     wait_confirms(pub, &confirmed, published);
@@ -116,14 +101,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
       amqp_envelope_t e;
       amqp_maybe_release_buffers(tail);
-      if (amqp_consume_message(tail, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) die("read stream");
+      if (amqp_consume_message(tail, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "read stream");
       amqp_basic_ack(tail, 1, e.delivery_tag, 0);
       amqp_destroy_envelope(&e);
     }
     // 4. Three messages a request, confirmed.
     for (int i = 0; i < 3 * n; i++) {
       if (amqp_basic_publish(pub, 1, amqp_empty_bytes, out, 0, 0, &props, (amqp_bytes_t){sizeof event, event}) != 0)
-        die("publish event");
+        bench_die(PROGRAM, "publish event");
       published++;
     }
     wait_confirms(pub, &confirmed, published);

@@ -13,14 +13,7 @@ func agentCommand(_ args: Arguments) async throws -> Int32 {
     var failRetryable = try args.int("fail-retryable", default: 0)
     let fail = args.switches.contains("fail"), noEta = args.switches.contains("no-eta")
     if args.switches.contains("instant") { return try await instantAgent(args, target: target) }
-    let queue = "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")
-    let connection = try await connect(args, name: "agent \(target)")
-    let channel = try await connection.openChannel()
-    try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
-    try await channel.qos(prefetchCount: 1)
-    let replies = try await connection.openChannel()
-    try await replies.confirmSelect()
-    FileHandle.standardError.write(Data("frontdesk agent: serving \(queue)\n".utf8))
+    let (queue, channel, replies) = try await serve(target, args, prefetch: 1, name: "agent")
     for try await delivery in try await channel.consume(queue: queue) {
         guard let task = try? JSONDecoder().decode(AgentTask.self, from: delivery.body) else {
             try delivery.reject(requeue: false)
@@ -71,14 +64,7 @@ func draft(for task: AgentTask) -> [String] {
 /// at once with its final reply only, many tasks at a time (prefetch 256),
 /// acking each task after its reply is confirmed.
 func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
-    let queue = "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")
-    let connection = try await connect(args, name: "instant agent \(target)")
-    let channel = try await connection.openChannel()
-    try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
-    try await channel.qos(prefetchCount: 256)
-    let replies = try await connection.openChannel()
-    try await replies.confirmSelect()
-    FileHandle.standardError.write(Data("frontdesk agent: serving \(queue) instantly\n".utf8))
+    let (queue, channel, replies) = try await serve(target, args, prefetch: 256, name: "instant agent")
     try await withThrowingDiscardingTaskGroup { group in
         for try await delivery in try await channel.consume(queue: queue) {
             guard let task = try? JSONDecoder().decode(AgentTask.self, from: delivery.body) else {
@@ -97,4 +83,19 @@ func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
         }
     }
     return 0
+}
+
+/// Connects as an agent of `target`: its task queue (declared, so an agent may
+/// start before the sender), a consuming channel with `prefetch`, and a
+/// confirming channel for replies.
+func serve(_ target: String, _ args: Arguments, prefetch: UInt16, name: String) async throws -> (String, AMQPChannel, AMQPChannel) {
+    let queue = "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")
+    let connection = try await connect(args, name: "\(name) \(target)")
+    let channel = try await connection.openChannel()
+    try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+    try await channel.qos(prefetchCount: prefetch)
+    let replies = try await connection.openChannel()
+    try await replies.confirmSelect()
+    FileHandle.standardError.write(Data("frontdesk \(name): serving \(queue)\n".utf8))
+    return (queue, channel, replies)
 }

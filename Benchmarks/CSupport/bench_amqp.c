@@ -1,0 +1,22 @@
+#include "bench_amqp.h"
+
+#include <amqp_tcp_socket.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void bench_die(const char *program, const char *what) {
+  fprintf(stderr, "%s: %s failed\n", program, what);
+  exit(1);
+}
+
+amqp_connection_state_t bench_open(const char *program, const char *host, int port, const char *user,
+                                   const char *password, const char *vhost) {
+  amqp_connection_state_t c = amqp_new_connection();
+  amqp_socket_t *s = amqp_tcp_socket_new(c);
+  if (!s || amqp_socket_open(s, host, port) != AMQP_STATUS_OK) bench_die(program, "connect");
+  if (amqp_login(c, vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, user, password).reply_type != AMQP_RESPONSE_NORMAL)
+    bench_die(program, "login");
+  amqp_channel_open(c, 1);
+  if (amqp_get_rpc_reply(c).reply_type != AMQP_RESPONSE_NORMAL) bench_die(program, "channel.open");
+  return c;
+}
