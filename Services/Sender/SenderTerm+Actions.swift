@@ -72,6 +72,7 @@ extension SenderTerm {
                     let horizon = Date().addingTimeInterval(-Double(policy.lifetimeSeconds))
                     finished = finished.filter { $0.value > horizon }
                     accepted = accepted.filter { $0.value > horizon }
+                    statusLog.prune(olderThan: policy.lifetimeSeconds)
                 }
             }
             pendingAcks.append(h.lease)
