@@ -67,16 +67,40 @@ final class SenderService: Service {
         try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table) }
         state.withLock { $0.ready = true }
         logger.info("connected; waiting to lead", [("broker", .string("\(configuration.amqp.url)"))])
-        // Leadership: retry the exclusive consume until it is granted.
+        // Leadership: one consumer on frontdesk.sender.leader. RabbitMQ 3.10
+        // does not enforce `exclusive` for a quorum queue's consumers (a second
+        // one is granted while the first consumes: seen by the chaos run), so
+        // the count decides: wait while anyone consumes; after consuming, a
+        // count above one means another sender got in at the same instant,
+        // and both step back for a random moment. Registrations are ordered,
+        // so the later of two always sees both.
         var leadership: AMQPConsumer?
         while leadership == nil {
             if stopping || !connection.isOpen { return }
             let channel = try await connection.openChannel()
-            do {
-                leadership = try await channel.consume(queue: SenderTopology.leader, exclusive: true)
-            } catch let error as AMQPError where error.code == .channelClosed {
-                try await Task.sleep(for: .seconds(1))
+            func consumers() async throws -> UInt32 {
+                try await channel.queueDeclare(SenderTopology.leader, passive: true).consumerCount
             }
+            guard try await consumers() == 0 else {
+                await channel.close()
+                try await Task.sleep(for: .seconds(1))
+                continue
+            }
+            let consumer: AMQPConsumer
+            do {
+                consumer = try await channel.consume(queue: SenderTopology.leader, exclusive: true)
+            } catch let error as AMQPError where error.code == .channelClosed {
+                try await Task.sleep(for: .seconds(1))  // a broker that does enforce exclusive: someone leads
+                continue
+            }
+            if try await consumers() > 1 {
+                logger.warning("another sender asked to lead at the same instant; stepping back")
+                try? await consumer.cancel()
+                await channel.close()
+                try await Task.sleep(for: .milliseconds(Int.random(in: 100...1500)))
+                continue
+            }
+            leadership = consumer
         }
         // Leading lasts exactly as long as that consumer: should the broker
         // cancel it or close its channel while the connection lives on, end
