@@ -52,6 +52,25 @@ extension BrokerIntegration {
             }
         }
 
+        /// RabbitMQ does not enforce `exclusive` on a quorum queue's consumers:
+        /// leadership must come from the count, with one leader among replicas
+        /// started at the same instant and one added later.
+        @Test func threeReplicasHaveExactlyOneLeader() async throws {
+            try await withHarness("sender-one-leader") { h in
+                async let a = h.startSender()
+                async let b = h.startSender()
+                _ = try await (a, b)
+                try await h.startSender()
+                func leaders() async throws -> UInt32 {
+                    try await h.channel.queueDeclare("frontdesk.sender.leader", passive: true).consumerCount
+                }
+                try await Task.sleep(for: .seconds(3))
+                #expect(try await leaders() == 1)
+                try await Task.sleep(for: .seconds(2))
+                #expect(try await leaders() == 1)
+            }
+        }
+
         @Test func anAgentThatDisappearsPutsTheDispatchBackInQueued() async throws {
             try await withHarness("sender-agent-gone") { h in
                 try await h.startRouter()
