@@ -5,10 +5,10 @@ import ServiceKit
 import Synchronization
 
 /// Runs terms of leadership, one after another: connect, declare, become
-/// the leader (an exclusive consumer on `frontdesk.sender.leader`: the
-/// broker allows one at a time and drops it with its connection), replay
-/// the remembered commands, then run a `SenderTerm` until the connection
-/// fails. Standby replicas retry the exclusive consume every second.
+/// the leader (the single consumer of `frontdesk.sender.leader`, dropped by
+/// the broker with its connection), replay the remembered commands, then
+/// run a `SenderTerm` until the connection fails. Standby replicas look
+/// every second.
 final class SenderService: Service {
     let configuration: ServiceConfiguration
     let table: RoutingTable
