@@ -4,6 +4,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+void bench_read_stream(const char *program, amqp_connection_state_t c, int count) {
+  for (int i = 0; i < count; i++) {
+    amqp_envelope_t e;
+    amqp_maybe_release_buffers(c);
+    if (amqp_consume_message(c, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) bench_die(program, "read stream");
+    amqp_basic_ack(c, 1, e.delivery_tag, 0);
+    amqp_destroy_envelope(&e);
+  }
+}
+
 void bench_die(const char *program, const char *what) {
   fprintf(stderr, "%s: %s failed\n", program, what);
   exit(1);

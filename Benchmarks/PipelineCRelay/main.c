@@ -161,13 +161,7 @@ static void *router(void *unused) {
     int n = take_batch(in, items, &last);
     for (int i = 0; i < n; i++) publish(pub, "", "bench.decisions", items[i].id, record, sizeof record);
     wait_confirms(pub);
-    for (int i = 0; i < n; i++) {
-      amqp_envelope_t e;
-      amqp_maybe_release_buffers(tail);
-      if (amqp_consume_message(tail, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "read stream");
-      amqp_basic_ack(tail, 1, e.delivery_tag, 0);
-      amqp_destroy_envelope(&e);
-    }
+    bench_read_stream(PROGRAM, tail, n);
     for (int i = 0; i < n; i++) {
       publish_event(pub, items[i].id, 1, "drafted");
       publish_event(pub, items[i].id, 2, "routing");

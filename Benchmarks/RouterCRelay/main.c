@@ -98,13 +98,7 @@ int main(int argc, char **argv) {
     }
     wait_confirms(pub, &confirmed, published);
     // 3. Read them back from the stream.
-    for (int i = 0; i < n; i++) {
-      amqp_envelope_t e;
-      amqp_maybe_release_buffers(tail);
-      if (amqp_consume_message(tail, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "read stream");
-      amqp_basic_ack(tail, 1, e.delivery_tag, 0);
-      amqp_destroy_envelope(&e);
-    }
+    bench_read_stream(PROGRAM, tail, n);
     // 4. Three messages a request, confirmed.
     for (int i = 0; i < 3 * n; i++) {
       if (amqp_basic_publish(pub, 1, amqp_empty_bytes, out, 0, 0, &props, (amqp_bytes_t){sizeof event, event}) != 0)

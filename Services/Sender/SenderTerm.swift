@@ -80,15 +80,14 @@ final class SenderTerm {
         for c in replayedCommands { try await remember(c) }
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.
-        let probe = try await connection.openChannel()
-        try await presenceChanged(try await Self.presenceSnapshot(probe, table: table), now: Date())
-        await probe.close()
+        let presenceChannel = try await connection.openChannel()
+        try await presenceChanged(try await Self.presenceSnapshot(presenceChannel, table: table), now: Date())
         try await forward(queue: SenderTopology.inbox, prefetch: 500) { .inbox($0) }
         try await forward(queue: SenderTopology.replies, prefetch: 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired, prefetch: 100) { .expired($0) }
         try await forward(queue: SenderTopology.retry, prefetch: 100) { .retryDue($0) }
-        forwarders.append(Task { [feed, connection, table] in
-            await SenderTerm.pollPresence(connection: connection, table: table, feed: feed)
+        forwarders.append(Task { [feed, table] in
+            await SenderTerm.pollPresence(channel: presenceChannel, table: table, feed: feed)
         })
         defer {
             for f in forwarders { f.cancel() }
@@ -130,8 +129,7 @@ final class SenderTerm {
     }
 
     /// Every 300 ms: consumers on each agent queue and messages in each park queue.
-    static func pollPresence(connection: AMQPConnection, table: RoutingTable, feed: BatchQueue<Input>) async {
-        guard let channel = try? await connection.openChannel() else { return feed.finish() }
+    static func pollPresence(channel: AMQPChannel, table: RoutingTable, feed: BatchQueue<Input>) async {
         while !Task.isCancelled {
             guard let snapshot = try? await presenceSnapshot(channel, table: table) else { return feed.finish() }
             feed.yield(.presence(snapshot))
