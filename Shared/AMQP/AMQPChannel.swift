@@ -102,7 +102,7 @@ public struct AMQPChannel: Sendable {
         guard !messages.isEmpty else { return [] }
         let id = id, epoch = epoch
         return try await core.performDeferred { loop, continuation in
-            let batch = PublishBatch(count: messages.count, continuation: continuation)
+            let batch = PublishBatch(count: messages.count) { continuation.resume(with: $0) }
             do {
                 let ch = try loop.channel(id, epoch: epoch)
                 loop.publish(ch, messages, batch: batch)
@@ -110,6 +110,30 @@ public struct AMQPChannel: Sendable {
                 continuation.resume(throwing: error)
             }
         }
+    }
+
+    /// Hands a window of messages to the connection now, in call order, and
+    /// returns at once: `PublishConfirms.results()` waits for the confirms.
+    /// Lets a caller publish its next window before the last one is
+    /// confirmed (confirms on a channel arrive in publish order).
+    public func publishWithoutWaiting(_ messages: [OutboundMessage]) -> PublishConfirms {
+        let confirms = PublishConfirms()
+        guard !messages.isEmpty else {
+            confirms.complete(.success([]))
+            return confirms
+        }
+        let id = id, epoch = epoch
+        let accepted = core.submit { loop in
+            let batch = PublishBatch(count: messages.count) { confirms.complete($0) }
+            do {
+                let ch = try loop.channel(id, epoch: epoch)
+                loop.publish(ch, messages, batch: batch)
+            } catch {
+                confirms.complete(.failure(error))
+            }
+        }
+        if !accepted { confirms.complete(.failure(core.closedError)) }
+        return confirms
     }
 
     // MARK: Consuming

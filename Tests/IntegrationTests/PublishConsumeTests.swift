@@ -62,5 +62,44 @@ struct PublishConsumeTests {
         #expect(error.replyCode == 312)
         await connection.close()
     }
+
+    @Test func windowsPublishedWithoutWaitingAreConfirmedInOrder() async throws {
+        let connection = try await TestBroker.connect("pipelined")
+        let channel = try await connection.openChannel()
+        try await channel.confirmSelect()
+        let queue = TestBroker.uniqueName("pipelined")
+        try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+        func message(_ n: Int, to key: String = queue) -> OutboundMessage {
+            OutboundMessage(exchange: key == queue ? "" : "amq.direct", routingKey: key, body: Data("\(n)".utf8), mandatory: true)
+        }
+        // Three windows handed over before any confirm is awaited; the
+        // second holds an unroutable message, which alone fails.
+        let first = channel.publishWithoutWaiting((0..<50).map { message($0) })
+        let second = channel.publishWithoutWaiting([message(50), message(51, to: "nobody-binds-this"), message(52)])
+        let third = channel.publishWithoutWaiting((53..<100).map { message($0) })
+        let empty = channel.publishWithoutWaiting([])
+        #expect(try await empty.results().isEmpty)
+        let thirdResults = try await third.results()
+        let secondResults = try await second.results()
+        #expect(try await first.results().count == 50)
+        #expect(thirdResults.count == 47)
+        #expect(thirdResults.allSatisfy { if case .success = $0 { true } else { false } })
+        #expect((try? secondResults[0].get()) != nil && (try? secondResults[2].get()) != nil)
+        guard case .failure(let error) = secondResults[1] else {
+            Issue.record("the unroutable message was not returned")
+            return
+        }
+        #expect(error.code == .returned)
+
+        // The broker has them in the order they were handed over.
+        let consumer = try await channel.consume(queue: queue)
+        let bodies = try await consumer.first(99, timeout: .seconds(10)).map { String(decoding: $0.body, as: UTF8.self) }
+        #expect(bodies == (0..<100).filter { $0 != 51 }.map(String.init))
+
+        // On a closed channel the confirms fail instead of hanging.
+        await channel.close()
+        await #expect(throws: AMQPError.self) { try await channel.publishWithoutWaiting([message(100)]).results() }
+        await connection.close()
+    }
 }
 }

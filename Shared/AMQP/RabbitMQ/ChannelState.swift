@@ -11,19 +11,20 @@ struct ConsumerSink: Sendable {
 final class PublishBatch {
     var results: [Result<Void, AMQPError>?]
     var remaining: Int
-    let continuation: CheckedContinuation<[Result<Void, AMQPError>], Error>
+    /// Called once, on the connection thread, with every result or the error.
+    let complete: (Result<[Result<Void, AMQPError>], Error>) -> Void
 
-    init(count: Int, continuation: CheckedContinuation<[Result<Void, AMQPError>], Error>) {
+    init(count: Int, complete: @escaping (Result<[Result<Void, AMQPError>], Error>) -> Void) {
         results = Array(repeating: nil, count: count)
         remaining = count
-        self.continuation = continuation
+        self.complete = complete
     }
 
     func resolve(_ index: Int, _ result: Result<Void, AMQPError>) {
         guard results[index] == nil else { return }
         results[index] = result
         remaining -= 1
-        if remaining == 0 { continuation.resume(returning: results.map { $0! }) }
+        if remaining == 0 { complete(.success(results.map { $0! })) }
     }
 }
 
