@@ -36,8 +36,10 @@ final class SenderTerm {
     let logger: Logger
     let metrics: SenderMetrics
     let feed = BatchQueue<Input>()
+    let settler = Settler()
     /// Messages of the inputs handled so far in this batch, published in one
-    /// window by `flush()`; then the leases they settle are acked.
+    /// window by `flush()`; the settler acks the leases they settle once
+    /// the window is confirmed.
     var pendingMessages: [OutboundMessage] = []
     var pendingAcks: [AMQPDelivery] = []
 
@@ -89,31 +91,35 @@ final class SenderTerm {
         forwarders.append(Task { [feed, table] in
             await SenderTerm.pollPresence(channel: presenceChannel, table: table, feed: feed)
         })
+        let settling = Task { [settler, statusLog, feed] in
+            await settler.run(statusLog: statusLog) { feed.finish() }
+        }
         defer {
             for f in forwarders { f.cancel() }
             for h in held.values { h.timer?.cancel() }
+            settler.finish()
+            settling.cancel()
         }
         // Whatever gathered while the last batch was handled is handled
-        // together: one publish window, then the acks.
+        // together: one publish window, settled by the settler.
         while let batch = await feed.next() {
+            try settler.check()
             for input in batch { try await handle(input) }
             try await flush()
         }
+        try settler.check()
     }
 
-    /// Publishes what this batch produced (confirmed), then acks the leases it settled.
+    /// Publishes what this batch produced, without waiting: the settler acks
+    /// the leases it settled once the broker has confirmed it.
     func flush() async throws {
-        if !pendingMessages.isEmpty {
-            let messages = pendingMessages
-            pendingMessages = []
-            for result in try await publisher.publish(messages) { try result.get() }
-            for m in messages where m.exchange == SharedTopology.statusExchange {
-                statusLog.note(properties: m.properties, routingKey: m.routingKey)
-            }
-        }
-        let acks = pendingAcks
+        guard !pendingMessages.isEmpty || !pendingAcks.isEmpty else { return }
+        let messages = pendingMessages, acks = pendingAcks
+        pendingMessages = []
         pendingAcks = []
-        for lease in acks { try lease.ack() }
+        let confirms = publisher.publishWithoutWaiting(messages)
+        try await settler.settle(
+            confirms, events: messages.filter { $0.exchange == SharedTopology.statusExchange }, acks: acks)
     }
 
     private func forward(queue: String, prefetch: UInt16, _ wrap: @escaping @Sendable (AMQPDelivery) -> Input) async throws {
@@ -335,6 +341,7 @@ final class SenderTerm {
                     try await execute(actions, id: id)
                     // The lease lives on the scan channel: settle it before that closes.
                     try await flush()
+                    try await settler.settled()
                     if !isCancel { return try d.ack() }
                 } else {
                     try lease.nack(requeue: true)
