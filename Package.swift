@@ -40,7 +40,7 @@ let package = Package(
         ),
 
         // The command line: dispatch, watch, cancel, reroute, route, agent.
-        .executableTarget(name: "frontdesk", dependencies: ["AMQP", "FrontDeskModel"], path: "Tools/CLI"),
+        .executableTarget(name: "frontdesk", dependencies: ["AMQP", "FrontDeskModel", "ServiceKit"], path: "Tools/CLI"),
 
         // Benchmarks: print figures, assert nothing about speed.
         .target(name: "BenchmarkSupport", path: "Benchmarks/Support"),

@@ -63,6 +63,34 @@ extension BrokerIntegration {
             }
         }
 
+        @Test func theInstantAgentAnswersEveryTaskOnceAndLeavesNothingUnacked() async throws {
+            try await withHarness("cli-instant") { h in
+                try await h.startRouter()
+                try await h.startSender()
+                let instant = try agent(h, "yemaya/board-prep", ["--instant"])
+                try await Task.sleep(for: .seconds(1))
+                for i in 0..<200 {
+                    try await h.publish("dispatch.request", #"{"id":"instant-\#(i)","input":"Reply to Lisa, confirm 9:30","project":"yemaya","target":"board-prep"}"#)
+                }
+                var replied: [String: String] = [:]
+                let deadline = ContinuousClock.now + .seconds(30)
+                while replied.count < 200, ContinuousClock.now < deadline {
+                    for e in try await h.events() where e["state"] as? String == "replied" {
+                        #expect(replied[e["dispatchId"] as! String] == nil, "replied twice")
+                        replied[e["dispatchId"] as! String] = e["reply"] as? String
+                    }
+                }
+                #expect(replied.count == 200)
+                #expect(replied["instant-7"]?.contains("Confirmed for 9:30") == true)
+                // A task left unacked would be back in the queue once the agent is gone.
+                kill(instant.processIdentifier, SIGKILL)
+                instant.waitUntilExit()
+                try await Task.sleep(for: .milliseconds(500))
+                let tasks = try await h.channel.queueDeclare("frontdesk.agent.yemaya.board-prep", passive: true)
+                #expect(tasks.messageCount == 0)
+            }
+        }
+
         @Test func aFailingAgentEndsTheDispatchWithExitOne() async throws {
             try await withHarness("cli-fail") { h in
                 try await h.startRouter()

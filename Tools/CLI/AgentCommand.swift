@@ -1,6 +1,7 @@
 import AMQP
 import Foundation
 import FrontDeskModel
+import ServiceKit
 
 /// `frontdesk agent --target PROJECT/TARGET`: a reference agent. It streams a
 /// plausible reply in progress steps with an honest ETA (the time its
@@ -51,37 +52,76 @@ func agentCommand(_ args: Arguments) async throws -> Int32 {
 /// A short, plausible reply to the request.
 func draft(for task: AgentTask) -> [String] {
     let name = task.input.split(separator: " ").dropFirst(2).first.map(String.init)?.trimmingCharacters(in: .punctuationCharacters)
-    let time = task.input.range(of: #"\d{1,2}:\d{2}"#, options: .regularExpression).map { String(task.input[$0]) }
     return [
         "Hi \(name ?? "there"),",
-        time.map { "Confirmed for \($0) on Thursday." } ?? "Confirmed.",
+        clockTime(in: task.input).map { "Confirmed for \($0) on Thursday." } ?? "Confirmed.",
         "The agenda is attached; reply here with any changes.",
         "— sent for \(task.project.name) / \(task.target.name)",
     ]
 }
 
+/// The first time of day written like 9:30 or 14:00 in `text`.
+func clockTime(in text: String) -> String? {
+    let bytes = Array(text.utf8)
+    func isDigit(_ i: Int) -> Bool { i >= 0 && i < bytes.count && bytes[i] >= 0x30 && bytes[i] <= 0x39 }
+    for colon in bytes.indices where bytes[colon] == UInt8(ascii: ":") {
+        guard isDigit(colon - 1), isDigit(colon + 1), isDigit(colon + 2) else { continue }
+        let start = isDigit(colon - 2) ? colon - 2 : colon - 1
+        return String(decoding: bytes[start...(colon + 2)], as: UTF8.self)
+    }
+    return nil
+}
+
 /// `frontdesk agent --instant`: the benchmark's agent. It answers every task
-/// at once with its final reply only, many tasks at a time (prefetch 256),
-/// acking each task after its reply is confirmed.
+/// at once with its final reply only: whatever tasks have arrived are
+/// answered in one window of publishes (prefetch 256), and each task is
+/// acked once its reply is confirmed, while the next window goes out.
 func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
     let (queue, channel, replies) = try await serve(target, args, prefetch: 256, name: "instant agent")
-    try await withThrowingDiscardingTaskGroup { group in
-        for try await delivery in try await channel.consume(queue: queue) {
+    let consumer = try await channel.consume(queue: queue)
+    let feed = BatchQueue<AMQPDelivery>()
+    let forwarder = Task {
+        do { for try await delivery in consumer { feed.yield(delivery) } } catch {}
+        feed.finish()
+    }
+    defer { forwarder.cancel() }
+    let (windows, window) = AsyncStream<(PublishConfirms, [AMQPDelivery])>.makeStream()
+    let settling = Task {
+        do {
+            for await (confirms, tasks) in windows {
+                for (result, delivery) in zip(try await confirms.results(), tasks) {
+                    try result.get()
+                    try delivery.ack()
+                }
+            }
+        } catch {
+            feed.finish()  // nothing more is answered: the agent exits with the error
+            throw error
+        }
+    }
+    while let batch = await feed.next() {
+        var messages: [OutboundMessage] = [], answered: [AMQPDelivery] = []
+        for delivery in batch {
             guard let task = try? JSONDecoder().decode(AgentTask.self, from: delivery.body) else {
                 try delivery.reject(requeue: false)
                 continue
             }
-            group.addTask {
-                let body = try JSONSerialization.data(withJSONObject: [
-                    "dispatchId": task.dispatchId, "attempt": task.attempt, "kind": "final", "text": draft(for: task).joined(separator: "\n"),
-                ])
-                try await replies.publish(
-                    exchange: "", routingKey: delivery.properties.replyTo ?? "frontdesk.replies", body: body,
-                    properties: .persistentJSON(correlationID: task.dispatchId))
-                try delivery.ack()
-            }
+            var json = JSONWriter()
+            json.beginObject()
+            json.field("attempt", task.attempt)
+            json.field("dispatchId", task.dispatchId)
+            json.field("kind", "final")
+            json.field("text", draft(for: task).joined(separator: "\n"))
+            json.endObject()
+            messages.append(OutboundMessage(
+                exchange: "", routingKey: delivery.properties.replyTo ?? "frontdesk.replies", body: json.data,
+                properties: .persistentJSON(correlationID: task.dispatchId)))
+            answered.append(delivery)
         }
+        window.yield((replies.publishWithoutWaiting(messages), answered))
     }
+    window.finish()
+    try await settling.value
     return 0
 }
 
