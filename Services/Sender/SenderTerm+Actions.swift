@@ -59,7 +59,6 @@ extension SenderTerm {
             release = true
         }
         pendingMessages += messages
-        h.timer?.cancel()
         if release {
             held[id] = nil
             if case .finished(let state) = h.machine.phase {
@@ -78,18 +77,19 @@ extension SenderTerm {
             pendingAcks.append(h.lease)
             return
         }
-        if case .some(let date) = timer {
+        // The timer changes only when the machine says so: an accepted or
+        // progress reply leaves the reply timeout and expiry in place.
+        if case .some(let deadline) = timer {
             h.timerGeneration += 1
-            h.timer = date.map { deadline in
-                let generation = h.timerGeneration
-                return Task { [feed] in
-                    let wait = deadline.timeIntervalSinceNow
-                    if wait > 0 { try? await Task.sleep(for: .milliseconds(Int(wait * 1000) + 1)) }
-                    if !Task.isCancelled { feed.yield(.timer(id, generation)) }
-                }
-            }
+            h.hasTimer = deadline != nil
+            if let deadline { timers.schedule(deadline, key: id, generation: h.timerGeneration) }
         }
         held[id] = h
+        // Entries of rescheduled or finished dispatches linger until due: drop them once they pile up.
+        if timers.count > 2 * held.count + 1024 {
+            let current = held
+            timers.compact { e in current[e.key].map { $0.hasTimer && $0.timerGeneration == e.generation } ?? false }
+        }
     }
 }
 

@@ -16,18 +16,24 @@ final class SenderTerm {
         case reply(AMQPDelivery)
         case expired(AMQPDelivery)
         case retryDue(AMQPDelivery)
-        case timer(String, Int)
+        /// Every `tickInterval`: the timers now due fire.
+        case tick
         case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
     }
 
     /// A dispatch this term holds: its machine, the unacked message that
-    /// keeps it durable (inbox or park), and its timer.
+    /// keeps it durable (inbox or park), and which of its entries in
+    /// `timers` is current (an older one is ignored when it comes due).
     struct Held {
         var machine: DispatchMachine
         let lease: AMQPDelivery
-        var timer: Task<Void, Never>?
         var timerGeneration = 0
+        var hasTimer = false
     }
+
+    /// How often due timers are looked for: reply timeouts and expiry fire
+    /// at most this late (the contract allows 5 s for expiry).
+    static let tickInterval = Duration.milliseconds(100)
 
     let connection: AMQPConnection
     let publisher: AMQPChannel
@@ -44,6 +50,9 @@ final class SenderTerm {
     var pendingAcks: [AMQPDelivery] = []
 
     var held: [String: Held] = [:]
+    /// The held dispatches' timers, one heap for all (a sleeping task per
+    /// dispatch cost a task switch to create and another to cancel).
+    var timers = DeadlineQueue<String>()
     /// Dispatches this term finished, and when: a late duplicate of one (a
     /// hand-off re-sent by a router that died before its ack, or a second
     /// parked copy) is dropped. Forgotten after the lifetime window.
@@ -91,12 +100,12 @@ final class SenderTerm {
         forwarders.append(Task { [feed, table] in
             await SenderTerm.pollPresence(channel: presenceChannel, table: table, feed: feed)
         })
+        forwarders.append(Task { [feed] in await SenderTerm.tick(feed) })
         let settling = Task { [settler, statusLog, feed] in
             await settler.run(statusLog: statusLog) { feed.finish() }
         }
         defer {
             for f in forwarders { f.cancel() }
-            for h in held.values { h.timer?.cancel() }
             settler.finish()
             settling.cancel()
         }
@@ -132,6 +141,13 @@ final class SenderTerm {
             } catch {}
             feed.finish()  // a consumer ended: the term ends
         })
+    }
+
+    static func tick(_ feed: BatchQueue<Input>) async {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: tickInterval)
+            feed.yield(.tick)
+        }
     }
 
     /// Every 300 ms: consumers on each agent queue and messages in each park queue.
@@ -182,11 +198,14 @@ final class SenderTerm {
                 try await execute(actions, id: reply.dispatchId)
             }
             pendingAcks.append(d)  // after the events it caused are confirmed
-        case .timer(let id, let generation):
-            guard var h = held[id], h.timerGeneration == generation else { return }
-            let actions = h.machine.timerFired(now: now, targetOnline: online(h.machine.route), jitter: Double.random(in: 0..<1))
-            held[id] = h
-            try await execute(actions, id: id)
+        case .tick:
+            for due in timers.due(at: now) {
+                guard var h = held[due.key], h.hasTimer, h.timerGeneration == due.generation else { continue }
+                h.hasTimer = false
+                let actions = h.machine.timerFired(now: now, targetOnline: online(h.machine.route), jitter: Double.random(in: 0..<1))
+                held[due.key] = h
+                try await execute(actions, id: due.key)
+            }
         case .presence(let snapshot):
             try await presenceChanged(snapshot, now: now)
         }

@@ -93,6 +93,43 @@ extension BrokerIntegration {
             }
         }
 
+        @Test func anAgentThatAcceptsThenFallsSilentTimesOut() async throws {
+            try await withHarness("sender-accept-silent") { h in
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .acceptThenSilent)
+                try await h.startRouter()
+                try await h.startSender(extraEnvironment: [
+                    "FRONTDESK_REPLY_TIMEOUT_S": "1", "FRONTDESK_RETRY_BASE_MS": "200", "FRONTDESK_MAX_ATTEMPTS": "2",
+                ])
+                try await Task.sleep(for: .milliseconds(800))
+                try await h.publish("dispatch.request", #"{"id":"as-1","input":"the agm agenda"}"#)
+                let events = try await h.drain(h.statusQueue, quiet: .seconds(3)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                // The accepted reply must not stop the reply timeout.
+                #expect(states(events, "as-1") == ["drafted", "routing", "sending", "sending", "queued", "sending", "sending", "failed"])
+                let failed = events.last { $0["dispatchId"] as? String == "as-1" }
+                #expect((failed?["error"] as? [String: Any])?["code"] as? String == "retries_exhausted")
+                await agent.stop()
+            }
+        }
+
+        @Test func aDispatchWithAnAcceptingAgentStillExpiresOnTime() async throws {
+            try await withHarness("sender-accept-expiry") { h in
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .acceptThenSilent)
+                try await h.startRouter(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
+                try await h.startSender(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
+                try await Task.sleep(for: .milliseconds(800))
+                let started = Date()
+                try await h.publish("dispatch.request", #"{"id":"ae-1","input":"the agm agenda"}"#)
+                let events = try await h.drain(h.statusQueue, quiet: .seconds(6)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                #expect(states(events, "ae-1") == ["drafted", "routing", "sending", "sending", "failed"])
+                let failed = events.last { $0["dispatchId"] as? String == "ae-1" }
+                #expect((failed?["error"] as? [String: Any])?["code"] as? String == "expired")
+                let at = (failed?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
+                let lateness = at.map { $0.timeIntervalSince(started) - 3 } ?? 99
+                #expect(lateness < 5, "failed \(lateness) s after expiresAt")
+                await agent.stop()
+            }
+        }
+
         @Test func aParkedDispatchExpiresOnTime() async throws {
             try await withHarness("sender-expiry") { h in
                 try await h.startRouter(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])

@@ -9,7 +9,7 @@ final class TestAgent: Sendable {
     let worker: Task<Void, Never>
     let tasks = CollectedElements<AMQPDelivery>()
 
-    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, failFirstAttempt, slowStream }
+    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, acceptThenSilent, failFirstAttempt, slowStream }
 
     init(url: AMQPURL, queue: String, behaviour: Behaviour = .reply) async throws {
         connection = try await AMQPConnection.connect(.init(url: url, connectionName: "test-agent:\(queue)"))
@@ -46,6 +46,8 @@ final class TestAgent: Sendable {
                         try await reply(["kind": "error", "error": ["code": "bad_input", "message": "cannot do that"], "retryable": false])
                     case .silent:
                         break
+                    case .acceptThenSilent:
+                        try await reply(["kind": "accepted", "activity": "Reading"])
                     case .slowStream:
                         var text = ""
                         for step in 1...5 {
