@@ -46,7 +46,38 @@ public struct AgentReply: Sendable, Equatable {
     }
 
     /// The last ≤ 3 non-empty lines of a reply, for the preview.
+    /// Read from the end, one scalar at a time: a long reply costs what its
+    /// last lines cost. Lines end at any Unicode newline; the spaces trimmed
+    /// are those of `CharacterSet.whitespaces` (tab and the Zs category).
     public static func preview(of text: String) -> [String] {
-        Array(text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }.suffix(3))
+        let scalars = text.unicodeScalars
+        var lines: [String] = []
+        func keep(_ line: Substring.UnicodeScalarView) {
+            guard let first = line.firstIndex(where: { !isSpace($0) }), let last = line.lastIndex(where: { !isSpace($0) })
+            else { return }
+            lines.append(String(Substring(line[first...last])))
+        }
+        var end = scalars.endIndex, i = end
+        while i > scalars.startIndex, lines.count < 3 {
+            let before = scalars.index(before: i)
+            if isNewline(scalars[before]) {
+                keep(scalars[i..<end])
+                end = before
+            }
+            i = before
+        }
+        if lines.count < 3 { keep(scalars[scalars.startIndex..<end]) }
+        return lines.reversed()
+    }
+
+    private static func isNewline(_ s: Unicode.Scalar) -> Bool {
+        switch s.value {
+        case 0x0A...0x0D, 0x85, 0x2028, 0x2029: true
+        default: false
+        }
+    }
+
+    private static func isSpace(_ s: Unicode.Scalar) -> Bool {
+        s == "\t" || s.properties.generalCategory == .spaceSeparator
     }
 }
