@@ -14,12 +14,6 @@ public struct ParkedDispatch: Sendable, Codable, Equatable {
     public var retryAt: String?
 
     public static let type = "frontdesk.sender.parked.v1"
-
-    public func jsonData() -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return try! encoder.encode(self)
-    }
 }
 
 extension DispatchMachine {
@@ -58,6 +52,20 @@ public struct AgentTask: Sendable, Codable, Equatable {
 
     public static let type = "frontdesk.agent.task.v1"
 
+    public init(
+        dispatchId: String, attempt: Int, input: String, project: StatusEvent.Project, target: StatusEvent.Target,
+        user: String?, threadId: String?, deadline: String
+    ) {
+        self.dispatchId = dispatchId
+        self.attempt = attempt
+        self.input = input
+        self.project = project
+        self.target = target
+        self.user = user
+        self.threadId = threadId
+        self.deadline = deadline
+    }
+
     public init(_ m: DispatchMachine, attempt: Int) {
         dispatchId = m.record.id
         self.attempt = attempt
@@ -70,10 +78,4 @@ public struct AgentTask: Sendable, Codable, Equatable {
     }
 
     public var messageID: String { "\(dispatchId)/\(attempt)" }
-
-    public func jsonData() -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return try! encoder.encode(self)
-    }
 }

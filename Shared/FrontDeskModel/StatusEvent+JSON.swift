@@ -97,6 +97,12 @@ extension DispatchRecord {
     public func jsonData() -> Data {
         var json = JSONWriter()
         json.beginObject()
+        writeFields(to: &json)
+        json.endObject()
+        return json.data
+    }
+
+    func writeFields(to json: inout JSONWriter) {
         json.field("bodyFingerprint", bodyFingerprint)
         json.field("decidedAt", decidedAt)
         error?.write("error", to: &json)
@@ -112,6 +118,42 @@ extension DispatchRecord {
         target?.write("target", to: &json)
         json.field("threadId", threadId)
         json.field("user", user)
+    }
+}
+
+extension AgentTask {
+    /// The task body of the agent protocol: sorted keys, stable bytes.
+    public func jsonData() -> Data {
+        var json = JSONWriter()
+        json.beginObject()
+        json.field("attempt", attempt)
+        json.field("deadline", deadline)
+        json.field("dispatchId", dispatchId)
+        json.field("input", input)
+        project.write("project", to: &json)
+        target.write("target", to: &json)
+        json.field("threadId", threadId)
+        json.field("user", user)
+        json.endObject()
+        return json.data
+    }
+}
+
+extension ParkedDispatch {
+    /// The body of a parked or delayed dispatch: sorted keys, stable bytes.
+    public func jsonData() -> Data {
+        var json = JSONWriter()
+        json.beginObject()
+        json.field("attempt", attempt)
+        json.field("everDelivered", everDelivered)
+        json.field("lastSeq", lastSeq)
+        project.write("project", to: &json)
+        json.beginObject("record")
+        record.writeFields(to: &json)
+        json.endObject()
+        json.field("retryAt", retryAt)
+        json.field("stepReached", stepReached)
+        target.write("target", to: &json)
         json.endObject()
         return json.data
     }

@@ -72,6 +72,38 @@ import Testing
         }
     }
 
+    @Test func agentTaskAndParkedDispatchMatchJSONEncoder() throws {
+        let full = Self.events[1]
+        let record = DispatchRecord(
+            id: "d-9", bodyFingerprint: "cbf29ce484222325", outcome: .routed, input: Self.awkwardText,
+            user: "lisa", threadId: "t/1", project: full.project, target: full.target, route: full.route,
+            invalid: false, startedAt: full.startedAt, decidedAt: full.at, expiresAt: full.expiresAt, lastSeq: 2)
+        let tasks = [
+            AgentTask(
+                dispatchId: "d-9", attempt: 3, input: Self.awkwardText, project: full.project!, target: full.target!,
+                user: "lisa", threadId: "t/1", deadline: full.expiresAt),
+            AgentTask(
+                dispatchId: "d-9", attempt: 1, input: "", project: .init(id: "p", name: "P", glyph: "•"),
+                target: .init(id: "t", name: "T"), user: nil, threadId: nil, deadline: full.expiresAt),
+        ]
+        for task in tasks {
+            #expect(task.jsonData() == Self.reference(task), "\(String(decoding: task.jsonData(), as: UTF8.self))")
+            #expect(try JSONDecoder().decode(AgentTask.self, from: task.jsonData()) == task)
+        }
+        let parked = [
+            ParkedDispatch(
+                record: record, project: full.project!, target: full.target!, attempt: 2, everDelivered: true,
+                lastSeq: 6, stepReached: 2, retryAt: "2026-11-29T10:00:01.500Z"),
+            ParkedDispatch(
+                record: record, project: .init(id: "p", name: "P", glyph: "•"), target: .init(id: "t", name: "T"),
+                attempt: 1, everDelivered: false, lastSeq: 3, stepReached: 1, retryAt: nil),
+        ]
+        for p in parked {
+            #expect(p.jsonData() == Self.reference(p), "\(String(decoding: p.jsonData(), as: UTF8.self))")
+            #expect(try JSONDecoder().decode(ParkedDispatch.self, from: p.jsonData()) == p)
+        }
+    }
+
     @Test(arguments: [0.0, 1.0, -3.0, 0.5, 0.1, 0.8333333333333334, 1e-7, 123456.789])
     func doublesMatchJSONEncoder(_ value: Double) {
         var json = JSONWriter()
