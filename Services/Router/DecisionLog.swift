@@ -20,7 +20,7 @@ final class DecisionLog: Sendable {
         /// Who appended it: unique per append.
         let token: String
 
-        var record: DispatchRecord? { try? JSONDecoder().decode(DispatchRecord.self, from: body) }
+        var record: DispatchRecord? { try? DispatchRecord(jsonData: body) }
     }
 
     private struct State {

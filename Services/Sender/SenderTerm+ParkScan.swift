@@ -36,7 +36,7 @@ extension SenderTerm {
             reader.cancel()
             var match: (AMQPDelivery, ParkedDispatch)?
             for d in await box.all {
-                if match == nil, d.properties.correlationID == id, let p = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body) {
+                if match == nil, d.properties.correlationID == id, let p = try? ParkedDispatch(jsonData: d.body) {
                     match = (d, p)
                 } else {
                     try d.nack(requeue: true)

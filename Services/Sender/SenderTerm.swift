@@ -223,7 +223,7 @@ final class SenderTerm {
     private func alreadyEnded(_ id: String) -> Bool { statusLog[id]?.terminal == true || finished[id] != nil }
 
     private func handOff(_ d: AMQPDelivery, now: Date) async throws {
-        guard let record = try? JSONDecoder().decode(DispatchRecord.self, from: d.body),
+        guard let record = try? DispatchRecord(jsonData: d.body),
             var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(d, base: 2, id: record.id))
         else {
             logger.warning("unreadable hand-off dropped", [("message_id", .string(d.properties.messageID ?? ""))])
@@ -258,7 +258,7 @@ final class SenderTerm {
     }
 
     private func takeUpParked(_ d: AMQPDelivery, route: RoutingTable.Route, now: Date) async throws {
-        guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
+        guard let parked = try? ParkedDispatch(jsonData: d.body),
             var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
         else { return try d.ack() }
         let id = parked.record.id
@@ -304,7 +304,7 @@ final class SenderTerm {
     private func takeUpWaiting(
         _ d: AMQPDelivery, now: Date, due: (inout DispatchMachine) -> [DispatchMachine.Action]
     ) async throws {
-        guard let parked = try? JSONDecoder().decode(ParkedDispatch.self, from: d.body),
+        guard let parked = try? ParkedDispatch(jsonData: d.body),
             var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
         else { return try d.ack() }
         let id = parked.record.id

@@ -16,7 +16,7 @@ func agentCommand(_ args: Arguments) async throws -> Int32 {
     if args.switches.contains("instant") { return try await instantAgent(args, target: target) }
     let (queue, channel, replies) = try await serve(target, args, prefetch: 1, name: "agent")
     for try await delivery in try await channel.consume(queue: queue) {
-        guard let task = try? JSONDecoder().decode(AgentTask.self, from: delivery.body) else {
+        guard let task = try? AgentTask(jsonData: delivery.body) else {
             try delivery.reject(requeue: false)
             continue
         }
@@ -102,7 +102,7 @@ func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
     while let batch = await feed.next() {
         var messages: [OutboundMessage] = [], answered: [AMQPDelivery] = []
         for delivery in batch {
-            guard let task = try? JSONDecoder().decode(AgentTask.self, from: delivery.body) else {
+            guard let task = try? AgentTask(jsonData: delivery.body) else {
                 try delivery.reject(requeue: false)
                 continue
             }
