@@ -50,3 +50,117 @@ int fd_amqp_send_heartbeat(amqp_connection_state_t state) {
 }
 
 int fd_eventfd_create(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+static void put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)(v >> 8);
+  p[1] = (uint8_t)v;
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+  put16(p, (uint16_t)(v >> 16));
+  put16(p + 2, (uint16_t)v);
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+  put32(p, (uint32_t)(v >> 32));
+  put32(p + 4, (uint32_t)v);
+}
+
+/// A growing output buffer.
+typedef struct {
+  uint8_t *bytes;
+  size_t len, cap;
+} fd_buffer_t;
+
+static int reserve(fd_buffer_t *b, size_t more) {
+  if (b->len + more <= b->cap) return 1;
+  size_t cap = b->cap ? b->cap : 16384;
+  while (cap < b->len + more) cap *= 2;
+  uint8_t *grown = realloc(b->bytes, cap);
+  if (!grown) return 0;
+  b->bytes = grown;
+  b->cap = cap;
+  return 1;
+}
+
+static int send_all(int fd, const uint8_t *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w > 0) {
+      p += w;
+      n -= (size_t)w;
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT, .revents = 0};
+      if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return AMQP_STATUS_SOCKET_ERROR;
+    } else {
+      return AMQP_STATUS_SOCKET_ERROR;
+    }
+  }
+  return AMQP_STATUS_OK;
+}
+
+// A frame: type (1), channel (2), payload size (4), payload, frame-end (1).
+enum { FRAME_HEADER = 7, FRAME_OVERHEAD = 8 };
+
+int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel,
+                           const fd_publish_t *messages, size_t count) {
+  size_t frame_max = (size_t)amqp_get_frame_max(state);
+  if (frame_max < 4096) frame_max = 4096;
+  size_t chunk = frame_max - FRAME_OVERHEAD;
+  fd_buffer_t out = {NULL, 0, 0};
+  int status = AMQP_STATUS_OK;
+  for (size_t i = 0; i < count && status == AMQP_STATUS_OK; i++) {
+    const fd_publish_t *m = &messages[i];
+    // Method frame: basic.publish and its arguments.
+    if (!reserve(&out, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
+    uint8_t *f = out.bytes + out.len;
+    amqp_basic_publish_t publish = {.ticket = 0, .exchange = m->exchange, .routing_key = m->routing_key,
+                                    .mandatory = m->mandatory, .immediate = 0};
+    put32(f + FRAME_HEADER, AMQP_BASIC_PUBLISH_METHOD);
+    amqp_bytes_t args = {.len = chunk - 4, .bytes = f + FRAME_HEADER + 4};
+    int n = amqp_encode_method(AMQP_BASIC_PUBLISH_METHOD, &publish, args);
+    if (n < 0) { status = n; break; }
+    f[0] = AMQP_FRAME_METHOD;
+    put16(f + 1, channel);
+    put32(f + 3, (uint32_t)n + 4);
+    f[FRAME_HEADER + 4 + n] = AMQP_FRAME_END;
+    out.len += FRAME_OVERHEAD + 4 + (size_t)n;
+    // Header frame: class, weight, body size, properties.
+    if (!reserve(&out, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
+    f = out.bytes + out.len;
+    put16(f + FRAME_HEADER, AMQP_BASIC_CLASS);
+    put16(f + FRAME_HEADER + 2, 0);
+    put64(f + FRAME_HEADER + 4, (uint64_t)m->body.len);
+    amqp_bytes_t props = {.len = chunk - 12, .bytes = f + FRAME_HEADER + 12};
+    n = amqp_encode_properties(AMQP_BASIC_CLASS, (void *)m->properties, props);
+    if (n < 0) { status = n; break; }
+    f[0] = AMQP_FRAME_HEADER;
+    put16(f + 1, channel);
+    put32(f + 3, (uint32_t)n + 12);
+    f[FRAME_HEADER + 12 + n] = AMQP_FRAME_END;
+    out.len += FRAME_OVERHEAD + 12 + (size_t)n;
+    // Body frames of at most frame_max.
+    for (size_t offset = 0; offset < m->body.len; offset += chunk) {
+      size_t size = m->body.len - offset < chunk ? m->body.len - offset : chunk;
+      if (!reserve(&out, size + FRAME_OVERHEAD)) { status = AMQP_STATUS_NO_MEMORY; break; }
+      f = out.bytes + out.len;
+      f[0] = AMQP_FRAME_BODY;
+      put16(f + 1, channel);
+      put32(f + 3, (uint32_t)size);
+      memcpy(f + FRAME_HEADER, (const uint8_t *)m->body.bytes + offset, size);
+      f[FRAME_HEADER + size] = AMQP_FRAME_END;
+      out.len += size + FRAME_OVERHEAD;
+    }
+  }
+  if (status == AMQP_STATUS_OK) status = send_all(amqp_get_sockfd(state), out.bytes, out.len);
+  free(out.bytes);
+  return status;
+}

@@ -101,5 +101,31 @@ struct PublishConsumeTests {
         await #expect(throws: AMQPError.self) { try await channel.publishWithoutWaiting([message(100)]).results() }
         await connection.close()
     }
+
+    @Test func aWindowWithBodiesLargerThanAFrameArrivesWhole() async throws {
+        let connection = try await TestBroker.connect("big-bodies")
+        let channel = try await connection.openChannel()
+        try await channel.confirmSelect()
+        let queue = TestBroker.uniqueName("big-bodies")
+        try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+        // Around the 128 KiB frame size: empty, one byte, exactly a frame's
+        // payload, one more, and several frames, in one window.
+        let sizes = [0, 1, 131_064, 131_065, 400_000, 17]
+        let bodies = sizes.enumerated().map { n, size in Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ n) }) }
+        let properties = AMQPProperties(
+            contentType: "application/octet-stream", headers: ["x-n": 1, "x-text": "Zoë"], deliveryMode: 2,
+            correlationID: "c", messageID: "m", type: "frontdesk.test.big")
+        let results = try await channel.publish(bodies.map {
+            OutboundMessage(exchange: "", routingKey: queue, body: $0, properties: properties, mandatory: true)
+        })
+        #expect(results.allSatisfy { if case .success = $0 { true } else { false } })
+        let consumer = try await channel.consume(queue: queue)
+        let deliveries = try await consumer.first(sizes.count, timeout: .seconds(10))
+        #expect(deliveries.map(\.body.count) == sizes)
+        #expect(deliveries.map(\.body) == bodies)
+        #expect(deliveries.allSatisfy { $0.properties == properties })
+        try deliveries.last!.ack(multiple: true)
+        await connection.close()
+    }
 }
 }

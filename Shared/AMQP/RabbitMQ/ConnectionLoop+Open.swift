@@ -38,7 +38,7 @@ extension ConnectionLoop {
             }
             return ConnectionLoop(
                 core: core, conn: conn, heartbeatSeconds: Int(amqp_get_heartbeat(conn)),
-                confirmTimeout: .milliseconds(configuration.confirmTimeoutMs))
+                confirmTimeout: .milliseconds(configuration.confirmTimeoutMs), writesWindows: !configuration.url.tls)
         } catch {
             amqp_destroy_connection(conn)
             throw error

@@ -88,6 +88,28 @@ extension ConnectionLoop {
             }
             return
         }
+        if writesWindows {
+            let arena = CArena()
+            let properties = UnsafeMutablePointer<amqp_basic_properties_t>.allocate(capacity: messages.count)
+            defer { properties.deallocate() }
+            var window: [fd_publish_t] = []
+            window.reserveCapacity(messages.count)
+            for (i, message) in messages.enumerated() {
+                (properties + i).initialize(to: arena.properties(message.properties))
+                window.append(fd_publish_t(
+                    exchange: arena.bytes(message.exchange), routing_key: arena.bytes(message.routingKey),
+                    mandatory: flag(message.mandatory), properties: properties + i, body: arena.bytes(message.body)))
+            }
+            let rc = fd_amqp_publish_window(conn, ch.id, window, window.count)
+            if rc != AMQP_STATUS_OK.rawValue {
+                let error = AMQPError.library(rc, "publishing a window of \(messages.count)")
+                fail(error)
+                for i in messages.indices { batch.resolve(i, .failure(error)) }
+                return
+            }
+            for (i, message) in messages.enumerated() { published(ch, message, index: i, batch: batch) }
+            return
+        }
         for (i, message) in messages.enumerated() {
             let arena = CArena()
             var props = arena.properties(message.properties)
@@ -103,17 +125,22 @@ extension ConnectionLoop {
                 for j in i..<messages.count { batch.resolve(j, .failure(error)) }
                 return
             }
-            if ch.confirming {
-                let seq = ch.nextPublishSeq
-                ch.nextPublishSeq += 1
-                ch.pending[seq] = PendingPublish(
-                    batch: batch, index: i,
-                    exchange: message.mandatory ? message.exchange : nil,
-                    routingKey: message.mandatory ? message.routingKey : nil,
-                    body: message.mandatory ? message.body : nil, publishedAt: .now)
-            } else {
-                batch.resolve(i, .success(()))
-            }
+            published(ch, message, index: i, batch: batch)
+        }
+    }
+
+    /// Tracks a written message's confirm (or resolves it at once without confirms).
+    private func published(_ ch: ChannelState, _ message: OutboundMessage, index i: Int, batch: PublishBatch) {
+        if ch.confirming {
+            let seq = ch.nextPublishSeq
+            ch.nextPublishSeq += 1
+            ch.pending[seq] = PendingPublish(
+                batch: batch, index: i,
+                exchange: message.mandatory ? message.exchange : nil,
+                routingKey: message.mandatory ? message.routingKey : nil,
+                body: message.mandatory ? message.body : nil, publishedAt: .now)
+        } else {
+            batch.resolve(i, .success(()))
         }
     }
 

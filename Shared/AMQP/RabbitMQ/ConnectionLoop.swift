@@ -11,6 +11,9 @@ final class ConnectionLoop {
     let conn: amqp_connection_state_t
     let heartbeatSeconds: Int
     let channelMax: Int
+    /// Plain TCP: publish windows are written as one buffer (`fd_amqp_publish_window`);
+    /// over TLS every frame goes through rabbitmq-c.
+    let writesWindows: Bool
     var channels: [UInt16: ChannelState] = [:]
     private var nextChannelHint: UInt16 = 1
     private var nextEpoch: UInt64 = 1
@@ -24,8 +27,9 @@ final class ConnectionLoop {
     let confirmTimeout: Duration
     private var lastConfirmSweep = ContinuousClock.now
 
-    init(core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int, confirmTimeout: Duration) {
+    init(core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int, confirmTimeout: Duration, writesWindows: Bool) {
         self.core = core
+        self.writesWindows = writesWindows
         self.confirmTimeout = confirmTimeout
         self.conn = conn
         self.heartbeatSeconds = heartbeatSeconds
