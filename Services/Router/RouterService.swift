@@ -36,14 +36,19 @@ struct RouterService: Service {
                 for await delivery in deliveries { batches.yield(delivery) }
                 batches.finish()
             }
-            // A two-stage pipeline: batch k+1 is decided (decision log) while
-            // batch k is settled. Settling stays in batch order, so a batch can
-            // be acked with one `multiple` ack: every lower tag is settled.
+            // A pipeline: batch k+1 is decided (decision log) and its window
+            // published while batch k still waits for its confirms. Settling
+            // stays in batch order, so a batch can be acked with one
+            // `multiple` ack: every lower tag is settled.
             var settling: Task<Void, Never>?
             while let batch = await batches.next() {
                 let decided = await decide(batch)
-                await settling?.value
-                settling = Task { await settle(decided) }
+                let window = await publish(decided)
+                let previous = settling
+                settling = Task {
+                    await previous?.value
+                    await settle(decided, window)
+                }
             }
             await settling?.value
             // Intake stopped and every handler finished: stop the rest.
@@ -112,27 +117,45 @@ struct RouterService: Service {
         return DecidedBatch(deliveries: batch, plans: plans, started: started)
     }
 
-    /// Publishes a decided batch's events, dead letters and hand-offs in one
-    /// confirm window, then acks (or hands back) its deliveries.
-    func settle(_ decided: DecidedBatch) async {
-        let (batch, plans, started) = (decided.deliveries, decided.plans, decided.started)
-        // One publish window for all of the batch's messages.
-        var messages: [OutboundMessage] = []
+    /// A decided batch's window, handed to the connection: which plan owns
+    /// each message, and the confirms (or why it could not be sent).
+    struct Window {
         var owners: [Int] = []
-        for (i, p) in plans.enumerated() {
+        var confirms: Result<PublishConfirms, any Error>?
+    }
+
+    /// Publishes a decided batch's events, dead letters and hand-offs in one
+    /// window, without waiting for the confirms.
+    func publish(_ decided: DecidedBatch) async -> Window {
+        var messages: [OutboundMessage] = []
+        var window = Window()
+        for (i, p) in decided.plans.enumerated() {
             if case .publish(let m, _) = p {
                 messages += m
-                owners += Array(repeating: i, count: m.count)
+                window.owners += Array(repeating: i, count: m.count)
             }
         }
-        var failed: [Int: any Error] = [:]
         if !messages.isEmpty {
             do {
-                for (owner, result) in zip(owners, try await client.publish(messages)) {
+                window.confirms = .success(try await client.publishWithoutWaiting(messages))
+            } catch {
+                window.confirms = .failure(error)
+            }
+        }
+        return window
+    }
+
+    /// Waits for a batch's confirms, then acks (or hands back) its deliveries.
+    func settle(_ decided: DecidedBatch, _ window: Window) async {
+        let (batch, plans, started) = (decided.deliveries, decided.plans, decided.started)
+        var failed: [Int: any Error] = [:]
+        if let confirms = window.confirms {
+            do {
+                for (owner, result) in zip(window.owners, try await confirms.get().results()) {
                     if case .failure(let error) = result { failed[owner] = error }
                 }
             } catch {
-                for owner in owners { failed[owner] = error }
+                for owner in window.owners { failed[owner] = error }
             }
         }
         var retries: [AMQPDelivery] = []

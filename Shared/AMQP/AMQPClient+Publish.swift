@@ -21,6 +21,24 @@ extension AMQPClient {
         }
     }
 
+    /// Hands a window to the current connection now, in call order, without
+    /// waiting for its confirms (see `AMQPChannel.publishWithoutWaiting`).
+    public func publishWithoutWaiting(_ messages: [OutboundMessage]) async throws -> PublishConfirms {
+        let channel = try await publishChannel()
+        let confirms = channel.publishWithoutWaiting(messages)
+        // Should the broker have closed the channel, the next window gets a new one.
+        Task { [self] in
+            do {
+                _ = try await confirms.results()
+            } catch let error as AMQPError where error.code == .channelClosed {
+                state.withLock { s in
+                    if s.live?.publishChannel?.id == channel.id { s.live?.publishChannel = nil }
+                }
+            } catch {}
+        }
+        return confirms
+    }
+
     private func publishChannel() async throws -> AMQPChannel {
         let (connection, channel) = state.withLock { ($0.live?.connection, $0.live?.publishChannel) }
         guard let connection else {
