@@ -9,6 +9,9 @@
 // (from /proc), and the ratio to the ceiling. Asserts nothing about speed.
 //
 //   pipeline-bench [--requests N] [--fractions 0.25,0.5,0.75] [--csv FILE]
+//                  [--rates 500,1000]   (fixed offered rates instead of fractions)
+//                  [--pipeline-only]    (no C relay: for profiling the services)
+//                  [--stages]           (per round: where the time went, all vs the slowest 2%)
 //   (run from the repository; needs the local broker and a release build)
 import AMQP
 import BenchmarkSupport
@@ -17,6 +20,9 @@ import Synchronization
 
 let requests = Int(argument("--requests", "4000"))!
 let fractions = argument("--fractions", "0.25,0.5,0.75").split(separator: ",").compactMap { Double($0) }
+let fixedRates = argument("--rates", "").split(separator: ",").compactMap { Double($0) }
+let pipelineOnly = CommandLine.arguments.contains("--pipeline-only")
+let reportStages = CommandLine.arguments.contains("--stages")
 let csvPath = argument("--csv", "")
 let binDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
 let base = try AMQPURL(parsing: ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
@@ -71,12 +77,21 @@ final class Observations: Sendable {
         var firstEvent: [String: ContinuousClock.Instant] = [:]
         var ended: [String: (at: ContinuousClock.Instant, replied: Bool)] = [:]
         var endedByRound: [Substring: Int] = [:]
+        var sending: [String: ContinuousClock.Instant] = [:]
+    }
+    /// When the first event, the first `sending` and the end of `id` were seen.
+    func stages(of id: String) -> (first: ContinuousClock.Instant, sending: ContinuousClock.Instant, end: ContinuousClock.Instant)? {
+        seen.withLock { seen in
+            guard let f = seen.firstEvent[id], let s = seen.sending[id], let e = seen.ended[id]?.at else { return nil }
+            return (f, s, e)
+        }
     }
     private let seen = Mutex(Seen())
 
     func saw(_ id: String, state: Substring, at now: ContinuousClock.Instant) {
         seen.withLock { seen in
             if seen.firstEvent[id] == nil { seen.firstEvent[id] = now }
+            if state == "sending", seen.sending[id] == nil { seen.sending[id] = now }
             guard state == "replied" || state == "failed" || state == "cancelled", seen.ended[id] == nil else { return }
             seen.ended[id] = (now, state == "replied")
             seen.endedByRound[id.prefix { $0 != "-" }, default: 0] += 1
@@ -125,9 +140,16 @@ func offer(_ ids: [String], rate: Double?, on channel: AMQPChannel) async throws
     return sentAt
 }
 
+/// The local broker's process (scripts/broker.sh writes its pid file): its
+/// CPU per dispatch shows what each system costs the broker.
+let brokerDirectory = ProcessInfo.processInfo.environment["FRONTDESK_BROKER_DIR"] ?? "/var/tmp/frontdesk-broker"
+let brokerPID = (try? String(contentsOfFile: brokerDirectory + "/pid", encoding: .utf8))
+    .flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+
 func cpuSeconds(_ processes: [(String, Process)]) -> [String: Double] {
     var total: [String: Double] = [:]
     for (name, p) in processes { total[name, default: 0] += ProcStats.cpuSeconds(p.processIdentifier) ?? .nan }
+    if let brokerPID, let broker = ProcStats.cpuSeconds(brokerPID) { total["broker"] = broker }
     return total
 }
 
@@ -161,10 +183,35 @@ func round(
             failed += 1
         }
     }
+    if reportStages { printStages(system, rate: rate, ids: ids, sentAt: sentAt, observations: observations) }
     let cpu = cpuAfter.keys.sorted().map { ($0, (cpuAfter[$0]! - (cpuBefore[$0] ?? 0)) * 1000 / Double(requests)) }
     return Round(
         system: system, offered: rate, throughput: Double(replied.count) / (lastEnd - sentAt[0]).seconds,
         firstEvent: first.sorted(), replied: replied.sorted(), failed: failed, cpuMsPerDispatch: cpu)
+}
+
+/// Where the time went in a round: mean request → drafted → sending →
+/// replied for all requests and for the slowest 2%, and when (in 100 ms bins
+/// from the round's start) the slowest were sent: clustered bins point at a
+/// stall, spread ones at queueing.
+func printStages(_ system: String, rate: Double?, ids: [String], sentAt: [ContinuousClock.Instant], observations: Observations) {
+    let seen = zip(ids, sentAt).compactMap { id, sent -> (sent: ContinuousClock.Instant, ms: [Double])? in
+        guard let t = observations.stages(of: id) else { return nil }
+        return (sent, [(t.first - sent).seconds, (t.sending - t.first).seconds, (t.end - t.sending).seconds].map { $0 * 1000 })
+    }
+    guard !seen.isEmpty else { return }
+    let totals = seen.map { $0.ms.reduce(0, +) }.sorted()
+    let cut = totals[Int(Double(totals.count) * 0.98)]
+    func mean(_ rows: [[Double]]) -> String {
+        (0..<3).map { i in String(format: "%.1f", rows.map { $0[i] }.reduce(0, +) / Double(max(1, rows.count))) }.joined(separator: " / ")
+    }
+    let slow = seen.filter { $0.ms.reduce(0, +) >= cut }
+    var bins: [Int: Int] = [:]
+    for s in slow { bins[Int((s.sent - sentAt[0]).seconds * 10), default: 0] += 1 }
+    let offered = rate.map { String(format: "%.0f/s", $0) } ?? "max"
+    print("stages \(system) \(offered): request → drafted / → sending / → replied, ms: all \(mean(seen.map(\.ms))); "
+        + "slowest 2% (≥ \(Int(cut)) ms) \(mean(slow.map(\.ms))), sent in 100 ms bins "
+        + bins.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: " "))
 }
 
 /// Connects the producer and the status subscriber to `url`.
@@ -195,8 +242,8 @@ func runSystem(_ system: String, url: AMQPURL, processes: [(String, Process)], s
     _ = try await round(system, rate: nil, label: "warm", channel: channel, observations: observations, processes: processes)
     let maximum = try await round(system, rate: nil, label: "max", channel: channel, observations: observations, processes: processes)
     var rounds = [maximum]
-    for (i, fraction) in fractions.enumerated() {
-        let rate = fraction * (scale ?? maximum.throughput)
+    let rates = fixedRates.isEmpty ? fractions.map { $0 * (scale ?? maximum.throughput) } : fixedRates
+    for (i, rate) in rates.enumerated() {
         rounds.append(try await round(system, rate: rate, label: "r\(i)", channel: channel, observations: observations, processes: processes))
     }
     return rounds
@@ -223,28 +270,31 @@ let pipelineMax = pipeline[0].throughput
 
 // MARK: - The ceiling: pipeline-c-relay
 
-let cURL = try makeVhost("c")
-do {
-    let connection = try await AMQPConnection.connect(.init(url: cURL, connectionName: "pipeline-bench setup"))
-    let channel = try await connection.openChannel()
-    try await channel.exchangeDeclare("frontdesk.commands", type: "topic")
-    try await channel.exchangeDeclare("frontdesk.status", type: "topic")
-    for queue in ["frontdesk.router.intake", "bench.inbox", "bench.replies", "bench.agent"] {
-        try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+var ceiling: [Round] = []
+if !pipelineOnly {
+    let cURL = try makeVhost("c")
+    do {
+        let connection = try await AMQPConnection.connect(.init(url: cURL, connectionName: "pipeline-bench setup"))
+        let channel = try await connection.openChannel()
+        try await channel.exchangeDeclare("frontdesk.commands", type: "topic")
+        try await channel.exchangeDeclare("frontdesk.status", type: "topic")
+        for queue in ["frontdesk.router.intake", "bench.inbox", "bench.replies", "bench.agent"] {
+            try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+        }
+        try await channel.queueBind("frontdesk.router.intake", exchange: "frontdesk.commands", routingKey: "#")
+        for stream in ["bench.decisions", "frontdesk.status.log"] {
+            try await channel.queueDeclare(stream, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
+        }
+        try await channel.queueBind("frontdesk.status.log", exchange: "frontdesk.status", routingKey: "status.#")
+        await connection.close()
     }
-    try await channel.queueBind("frontdesk.router.intake", exchange: "frontdesk.commands", routingKey: "#")
-    for stream in ["bench.decisions", "frontdesk.status.log"] {
-        try await channel.queueDeclare(stream, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
-    }
-    try await channel.queueBind("frontdesk.status.log", exchange: "frontdesk.status", routingKey: "status.#")
-    await connection.close()
-}
-let relay = try start("pipeline-c-relay", [base.host, "\(base.port)", base.user, base.password, cURL.vhost], vhost: cURL.vhost)
-try await Task.sleep(for: .milliseconds(500))
+    let relay = try start("pipeline-c-relay", [base.host, "\(base.port)", base.user, base.password, cURL.vhost], vhost: cURL.vhost)
+    try await Task.sleep(for: .milliseconds(500))
 
-let ceiling = try await runSystem("c-relay", url: cURL, processes: [("c-relay", relay)], scale: pipelineMax)
-relay.terminate()
-try? brokerCtl(["delete_vhost", cURL.vhost])
+    ceiling = try await runSystem("c-relay", url: cURL, processes: [("c-relay", relay)], scale: pipelineMax)
+    relay.terminate()
+    try? brokerCtl(["delete_vhost", cURL.vhost])
+}
 let peakRSS = [("router", router), ("sender", sender)].map { ($0.0, ProcStats.peakRSSMiB($0.1.processIdentifier) ?? .nan) }
 
 // MARK: - Report
@@ -265,8 +315,9 @@ for r in pipeline + ceiling {
         percentile(r.replied, 0.999))
 }
 print("peak RSS: " + peakRSS.map { String(format: "%@ %.1f MiB", $0.0, $0.1) }.joined(separator: ", "))
-let ratio = pipelineMax / ceiling[0].throughput
-print(String(format: "ratio pipeline / C relay at the maximum = %.2f (target ≥ 0.60)", ratio))
+if let relayMax = ceiling.first?.throughput {
+    print(String(format: "ratio pipeline / C relay at the maximum = %.2f (target ≥ 0.60)", pipelineMax / relayMax))
+}
 if let half = pipeline.first(where: { $0.offered.map { abs($0 - pipelineMax / 2) < 1 } ?? false }) {
     print(String(format: "p99 request → replied at half the maximum (%.0f/s) = %.2f ms (target ≤ 20 ms)", half.offered!, percentile(half.replied, 0.99)))
 }
