@@ -21,8 +21,6 @@ final class ConnectionLoop {
     private(set) var failure: AMQPError?
     private var closeRequested = false
     private var lastHeartbeatSent = ContinuousClock.now
-    private var idleTurns = 0
-    static let spinTurns = 50
 
     let confirmTimeout: Duration
     private var lastConfirmSweep = ContinuousClock.now
@@ -43,18 +41,13 @@ final class ConnectionLoop {
             let commands = core.drain()
             for command in commands { command(self) }
             if closeRequested || failure != nil { break }
-            let frames = pumpFrames()
+            pumpFrames()
             if failure != nil { break }
             sendHeartbeatIfDue()
             expireConfirmsIfDue()
-            if commands.isEmpty && frames == 0 { idleTurns += 1 } else { idleTurns = 0 }
-            // Right after work, a resumed caller usually answers within
-            // microseconds: look again a few times before paying for a
-            // wake-up through the eventfd.
-            if idleTurns > 0 && idleTurns <= Self.spinTurns {
-                sched_yield()
-                continue
-            }
+            // Wait at once, without spinning first: measured with
+            // pipeline-bench, 50 turns of sched_yield after work cost CPU and
+            // bought no latency. `prepareToWait` re-checks for commands.
             if amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0, core.prepareToWait() {
                 waitForInput(timeoutMs: 200)
                 core.finishedWaiting()
