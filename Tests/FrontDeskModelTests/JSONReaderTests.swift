@@ -43,16 +43,7 @@ import Testing
     /// The model readers must decode what the writers wrote exactly as JSONDecoder does.
     @Test func modelReadersAgreeWithJSONDecoder() throws {
         let full = JSONWriterTests.events[1]
-        let records = [
-            DispatchRecord(
-                id: "a.b#c*", bodyFingerprint: "cbf29ce484222325", outcome: .routed, input: JSONWriterTests.awkwardText,
-                user: "lisa", threadId: "t", project: full.project, target: full.target, route: full.route,
-                invalid: false, startedAt: full.startedAt, decidedAt: full.at, expiresAt: full.expiresAt, lastSeq: 2),
-            DispatchRecord(
-                id: "x", bodyFingerprint: "0", outcome: .failed, error: .init(code: "invalid_request", message: "bad"),
-                invalid: true, startedAt: full.startedAt, decidedAt: full.at, expiresAt: full.expiresAt, lastSeq: 1),
-        ]
-        for r in records {
+        for r in JSONWriterTests.records {
             let data = r.jsonData()
             #expect(try DispatchRecord(jsonData: data) == r)
             #expect(try DispatchRecord(jsonData: data) == JSONDecoder().decode(DispatchRecord.self, from: data))

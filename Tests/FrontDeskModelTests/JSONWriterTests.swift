@@ -54,18 +54,21 @@ import Testing
         #expect(try JSONDecoder().decode(StatusEvent.self, from: written) == event)
     }
 
-    @Test func dispatchRecordMatchesJSONEncoder() throws {
-        let full = Self.events[1]
-        let records = [
+    static let records: [DispatchRecord] = {
+        let full = events[1]
+        return [
             DispatchRecord(
-                id: "a.b#c*", bodyFingerprint: "cbf29ce484222325", outcome: .routed, input: Self.awkwardText,
+                id: "a.b#c*", bodyFingerprint: "cbf29ce484222325", outcome: .routed, input: awkwardText,
                 user: "lisa", threadId: "t", project: full.project, target: full.target, route: full.route,
                 invalid: false, startedAt: full.startedAt, decidedAt: full.at, expiresAt: full.expiresAt, lastSeq: 2),
             DispatchRecord(
                 id: "x", bodyFingerprint: "0", outcome: .failed, error: .init(code: "invalid_request", message: "bad"),
                 invalid: true, startedAt: full.startedAt, decidedAt: full.at, expiresAt: full.expiresAt, lastSeq: 1),
         ]
-        for record in records {
+    }()
+
+    @Test func dispatchRecordMatchesJSONEncoder() throws {
+        for record in Self.records {
             let written = record.jsonData()
             #expect(written == Self.reference(record), "\(String(decoding: written, as: UTF8.self))")
             #expect(try JSONDecoder().decode(DispatchRecord.self, from: written) == record)

@@ -13,6 +13,19 @@ extension BrokerIntegration {
             events.filter { $0["dispatchId"] as? String == id }.compactMap { $0["seq"] as? Int }
         }
 
+        /// The dispatch's last event is `failed` with `expired`, at most 5 s
+        /// after the lifetime (`lifetime` s from `started`) ran out.
+        func expectExpiredOnTime(
+            _ events: [[String: Any]], _ id: String, started: Date, lifetime: Double,
+            sourceLocation: SourceLocation = #_sourceLocation
+        ) {
+            let failed = events.last { $0["dispatchId"] as? String == id }
+            #expect((failed?["error"] as? [String: Any])?["code"] as? String == "expired", sourceLocation: sourceLocation)
+            let at = (failed?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
+            let lateness = at.map { $0.timeIntervalSince(started) - lifetime } ?? 99
+            #expect(lateness < 5, "failed \(lateness) s after expiresAt", sourceLocation: sourceLocation)
+        }
+
         @Test func killedWhileDispatchesAreParkedLosesNothing() async throws {
             try await withHarness("sender-kill-parked") { h in
                 try await h.startRouter()
@@ -121,11 +134,7 @@ extension BrokerIntegration {
                 try await h.publish("dispatch.request", #"{"id":"ae-1","input":"the agm agenda"}"#)
                 let events = try await h.drain(h.statusQueue, quiet: .seconds(6)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
                 #expect(states(events, "ae-1") == ["drafted", "routing", "sending", "sending", "failed"])
-                let failed = events.last { $0["dispatchId"] as? String == "ae-1" }
-                #expect((failed?["error"] as? [String: Any])?["code"] as? String == "expired")
-                let at = (failed?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
-                let lateness = at.map { $0.timeIntervalSince(started) - 3 } ?? 99
-                #expect(lateness < 5, "failed \(lateness) s after expiresAt")
+                expectExpiredOnTime(events, "ae-1", started: started, lifetime: 3)
                 await agent.stop()
             }
         }
@@ -138,11 +147,7 @@ extension BrokerIntegration {
                 try await h.publish("dispatch.request", #"{"id":"e-1","input":"the agm agenda"}"#)
                 let events = try await h.drain(h.statusQueue, quiet: .seconds(6)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
                 #expect(states(events, "e-1") == ["drafted", "routing", "queued", "failed"])
-                let failed = events.last { $0["dispatchId"] as? String == "e-1" }
-                #expect((failed?["error"] as? [String: Any])?["code"] as? String == "expired")
-                let at = (failed?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
-                let lateness = at.map { $0.timeIntervalSince(started) - 3 } ?? 99
-                #expect(lateness < 5, "failed \(lateness) s after expiresAt")
+                expectExpiredOnTime(events, "e-1", started: started, lifetime: 3)
             }
         }
     }
@@ -220,10 +225,7 @@ extension BrokerIntegration.SenderFailureTests {
             try await h.publish("dispatch.request", #"{"id":"rx-1","input":"the agm agenda"}"#)
             let events = try await h.drain(h.statusQueue, quiet: .seconds(7)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
             #expect(states(events, "rx-1") == ["drafted", "routing", "sending", "queued", "failed"])
-            let failed = events.last { $0["dispatchId"] as? String == "rx-1" }
-            #expect((failed?["error"] as? [String: Any])?["code"] as? String == "expired")
-            let at = (failed?["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
-            #expect((at?.timeIntervalSince(started) ?? 99) < 4 + 5)
+            expectExpiredOnTime(events, "rx-1", started: started, lifetime: 4)
             await agent.stop()
         }
     }
