@@ -63,14 +63,13 @@ extension SenderTerm {
             held[id] = nil
             if case .finished(let state) = h.machine.phase {
                 metrics.dispatches.increment(state.rawValue)
-                finished[id] = Date()
+                statusLog.markFinished(id)
                 if state == .replied, let started = RFC3339.parse(h.machine.record.startedAt) {
                     metrics.replyTime.observe(Date().timeIntervalSince(started))
                 }
-                if finished.count % 1024 == 0 {
-                    let horizon = Date().addingTimeInterval(-Double(policy.lifetimeSeconds))
-                    finished = finished.filter { $0.value > horizon }
-                    accepted = accepted.filter { $0.value > horizon }
+                finishedSincePrune += 1
+                if finishedSincePrune >= 4096 {
+                    finishedSincePrune = 0
                     statusLog.prune(olderThan: policy.lifetimeSeconds)
                 }
             }

@@ -53,13 +53,8 @@ final class SenderTerm {
     /// The held dispatches' timers, one heap for all (a sleeping task per
     /// dispatch cost a task switch to create and another to cancel).
     var timers = DeadlineQueue<String>()
-    /// Dispatches this term finished, and when: a late duplicate of one (a
-    /// hand-off re-sent by a router that died before its ack, or a second
-    /// parked copy) is dropped. Forgotten after the lifetime window.
-    var finished: [String: Date] = [:]
-    /// Dispatches this term took from the inbox, and when: a second hand-off
-    /// of one is a duplicate whatever its state.
-    var accepted: [String: Date] = [:]
+    /// Dispatches finished since the status log was last pruned.
+    var finishedSincePrune = 0
     /// Delay queues declared in this term.
     var delayQueues: Set<String> = []
     var pendingCancels: [String: String] = [:]
@@ -68,7 +63,10 @@ final class SenderTerm {
     var parkConsumers: [RoutingTable.Route: AMQPConsumer] = [:]
     var forwarders: [Task<Void, Never>] = []
 
-    /// What the status events published so far say (earlier leaders included).
+    /// What the status events published so far say (earlier leaders
+    /// included), and which dispatches this term accepted or finished: a
+    /// late duplicate (a hand-off re-sent by a router that died before its
+    /// ack, or a second parked copy) is dropped.
     let statusLog: StatusLog
 
     init(
@@ -216,11 +214,11 @@ final class SenderTerm {
     /// it may have published that the log has not shown yet.
     private func seqFloor(_ d: AMQPDelivery, base: Int, id: String) -> Int {
         let count = Int(d.properties.headers?["x-delivery-count"]?.intValue ?? (d.redelivered ? 1 : 0))
-        return max(base, statusLog[id]?.lastSeq ?? 0) + count * 1000
+        return max(base, Int(statusLog[id]?.lastSeq ?? 0)) + count * 1000
     }
 
     /// True when the status log shows the dispatch ended: anything more for it is a late copy.
-    private func alreadyEnded(_ id: String) -> Bool { statusLog[id]?.terminal == true || finished[id] != nil }
+    private func alreadyEnded(_ id: String) -> Bool { statusLog[id]?.ended == true }
 
     private func handOff(_ d: AMQPDelivery, now: Date) async throws {
         guard let record = try? DispatchRecord(jsonData: d.body),
@@ -232,14 +230,15 @@ final class SenderTerm {
         // A hand-off sent again (by a router that died before its ack): the
         // sender has published for this dispatch already. A redelivered one is
         // a lease to resume, unless the dispatch ended.
-        let publishedBefore = (statusLog[record.id]?.lastSeq ?? 0) > 2
-        guard held[record.id] == nil, accepted[record.id] == nil, !alreadyEnded(record.id),
+        let known = statusLog[record.id]
+        let publishedBefore = (known?.lastSeq ?? 0) > 2
+        guard held[record.id] == nil, known?.accepted != true, known?.ended != true,
             d.redelivered || !publishedBefore
         else {
             logger.info("duplicate hand-off dropped", [("dispatch_id", .string(record.id))])
             return try d.ack()
         }
-        accepted[record.id] = now
+        statusLog.markAccepted(record.id)
         metrics.dispatches.increment("received")
         if let reason = pendingCancels[record.id] {
             let actions = machine.cancelRequested(reason: reason, now: now)

@@ -2,17 +2,30 @@ import AMQP
 import Foundation
 import Synchronization
 
-/// What the status events published so far say about each dispatch: its
-/// highest seq and whether it ended. Read from the stream
-/// `frontdesk.status.log` (bound to every status event), so a new leader
-/// knows what earlier leaders published before it decides anything.
-/// Id, seq and state come from the message's properties and routing key:
-/// no JSON is parsed.
+/// What is known of each dispatch within the lifetime window: its highest
+/// seq and whether it ended, from the status events published so far (read
+/// from the stream `frontdesk.status.log` at takeover, then noted by the
+/// leader as its own events are confirmed), and whether this term took a
+/// hand-off of it or finished it. A new leader knows what earlier leaders
+/// published before it decides anything; a second hand-off or copy of a
+/// dispatch is recognised by its entry. Id, seq and state come from the
+/// message's properties and routing key: no JSON is parsed.
+///
+/// One compact entry per id (12 bytes and the key), because a term keeps it
+/// for every dispatch it parks or finishes, for the whole 4-hour window.
 final class StatusLog: Sendable {
     struct Entry: Sendable {
-        var lastSeq: Int
-        var terminal: Bool
-        var seenAt: Date
+        var lastSeq: Int32 = 0
+        /// When last heard of, in seconds since 1970: `prune` forgets old ones.
+        var seenAt: UInt32 = 0
+        /// A terminal event of it has been published.
+        var terminal = false
+        /// This term took a hand-off of it: another hand-off is a duplicate.
+        var accepted = false
+        /// This term finished it (its terminal event may still await its confirm).
+        var finished = false
+
+        var ended: Bool { terminal || finished }
     }
 
     private struct State {
@@ -24,6 +37,20 @@ final class StatusLog: Sendable {
     private let state = Mutex(State())
 
     subscript(id: String) -> Entry? { state.withLock { $0.entries[id] } }
+
+    var count: Int { state.withLock { $0.entries.count } }
+
+    private static var now: UInt32 { UInt32(clamping: Int(Date().timeIntervalSince1970)) }
+
+    private func update(_ id: String, _ change: (inout Entry) -> Void) {
+        let now = Self.now
+        state.withLock { s in
+            var e = s.entries[id] ?? Entry()
+            change(&e)
+            e.seenAt = now
+            s.entries[id] = e
+        }
+    }
 
     func ingest(_ d: AMQPDelivery) {
         if d.properties.type == "frontdesk.sender.marker.v1", let marker = d.properties.messageID {
@@ -47,14 +74,15 @@ final class StatusLog: Sendable {
         else { return }
         let stateName = routingKey.split(separator: ".").last.map(String.init) ?? ""
         let terminal = ["replied", "failed", "cancelled"].contains(stateName)
-        state.withLock { s in
-            var e = s.entries[id] ?? Entry(lastSeq: 0, terminal: false, seenAt: Date())
-            e.lastSeq = max(e.lastSeq, seq)
+        update(id) { e in
+            e.lastSeq = max(e.lastSeq, Int32(clamping: seq))
             e.terminal = e.terminal || terminal
-            e.seenAt = Date()
-            s.entries[id] = e
         }
     }
+
+    func markAccepted(_ id: String) { update(id) { $0.accepted = true } }
+
+    func markFinished(_ id: String) { update(id) { $0.finished = true } }
 
     /// Waits until the marker published with this id has been read.
     func waitFor(marker: String) async {
@@ -70,7 +98,7 @@ final class StatusLog: Sendable {
 
     /// Forgets dispatches not heard of for `seconds`.
     func prune(olderThan seconds: Int) {
-        let horizon = Date().addingTimeInterval(-Double(seconds))
+        let horizon = Self.now &- UInt32(clamping: seconds)
         state.withLock { s in s.entries = s.entries.filter { $0.value.seenAt > horizon } }
     }
 }
