@@ -129,16 +129,13 @@ final class SenderTerm {
             confirms, events: messages.filter { $0.exchange == SharedTopology.statusExchange }, acks: acks)
     }
 
+    /// Consumes `queue` straight into the term's feed (on the connection
+    /// thread: one task hop less per delivery). A consumer that ends ends
+    /// the term.
     private func forward(queue: String, prefetch: UInt16, _ wrap: @escaping @Sendable (AMQPDelivery) -> Input) async throws {
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: prefetch)
-        let consumer = try await channel.consume(queue: queue)
-        forwarders.append(Task { [feed] in
-            do {
-                for try await d in consumer { feed.yield(wrap(d)) }
-            } catch {}
-            feed.finish()  // a consumer ended: the term ends
-        })
+        _ = try await channel.consume(queue: queue, deliver: { [feed] in feed.yield(wrap($0)) }, finished: { [feed] _ in feed.finish() })
     }
 
     static func tick(_ feed: BatchQueue<Input>) async {

@@ -164,6 +164,21 @@ public struct AMQPChannel: Sendable {
         return AMQPConsumer(stream: stream, consumerTag: tag, channel: self)
     }
 
+    /// Starts a consumer whose deliveries are handed to `deliver` on the
+    /// connection's own thread, with no task in between: for a caller that
+    /// only queues them (it must not block or wait). `finished` runs once
+    /// when the consumer ends: nil when cancelled by us, else the error.
+    /// Returns the consumer tag.
+    public func consume(
+        queue: String, consumerTag: String = "", noAck: Bool = false, exclusive: Bool = false,
+        arguments: FieldTable? = nil, deliver: @escaping @Sendable (AMQPDelivery) -> Void,
+        finished: @escaping @Sendable (AMQPError?) -> Void
+    ) async throws -> String {
+        try await consume(
+            queue: queue, consumerTag: consumerTag, noAck: noAck, exclusive: exclusive, arguments: arguments,
+            sink: ConsumerSink(deliver: deliver, finish: finished))
+    }
+
     func consume(
         queue: String, consumerTag: String, noAck: Bool, exclusive: Bool, arguments: FieldTable?, sink: ConsumerSink
     ) async throws -> String {

@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import Synchronization
 import Testing
 
 extension BrokerIntegration {
@@ -125,6 +126,39 @@ struct PublishConsumeTests {
         #expect(deliveries.map(\.body) == bodies)
         #expect(deliveries.allSatisfy { $0.properties == properties })
         try deliveries.last!.ack(multiple: true)
+        await connection.close()
+    }
+
+    @Test func aConsumerWithAClosureGetsEveryDeliveryAndHearsTheEnd() async throws {
+        let connection = try await TestBroker.connect("closure-consumer")
+        let channel = try await connection.openChannel()
+        try await channel.confirmSelect()
+        let queue = TestBroker.uniqueName("closure-consumer")
+        try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+        let received = Mutex<[String]>([])
+        let (ended, end) = AsyncStream<AMQPError?>.makeStream()
+        let consumerChannel = try await connection.openChannel()
+        _ = try await consumerChannel.consume(
+            queue: queue,
+            deliver: { d in
+                received.withLock { $0.append(String(decoding: d.body, as: UTF8.self)) }
+                try? d.ack()
+            },
+            finished: { error in
+                end.yield(error)
+                end.finish()
+            })
+        for result in try await channel.publish((0..<50).map { OutboundMessage(exchange: "", routingKey: queue, body: Data("\($0)".utf8)) }) {
+            try result.get()
+        }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while received.withLock({ $0.count }) < 50, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(received.withLock { $0 } == (0..<50).map(String.init))
+        // The broker deleting the queue cancels the consumer: `finished` hears it, with an error.
+        _ = try await channel.queueDelete(queue)
+        var iterator = ended.makeAsyncIterator()
+        let error = await iterator.next()
+        #expect(error != nil && error! != nil)
         await connection.close()
     }
 }
