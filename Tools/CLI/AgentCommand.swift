@@ -78,13 +78,8 @@ func clockTime(in text: String) -> String? {
 /// acked once its reply is confirmed, while the next window goes out.
 func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
     let (queue, channel, replies) = try await serve(target, args, prefetch: 256, name: "instant agent")
-    let consumer = try await channel.consume(queue: queue)
     let feed = BatchQueue<AMQPDelivery>()
-    let forwarder = Task {
-        do { for try await delivery in consumer { feed.yield(delivery) } } catch {}
-        feed.finish()
-    }
-    defer { forwarder.cancel() }
+    _ = try await channel.consume(queue: queue, deliver: { feed.yield($0) }, finished: { _ in feed.finish() })
     let (windows, window) = AsyncStream<(PublishConfirms, [AMQPDelivery])>.makeStream()
     let settling = Task {
         do {
