@@ -18,7 +18,8 @@ struct RouterService: Service {
 
     /// Lets `shutdown()` stop the intake consumer that `run()` started.
     final class IntakeHandle: Sendable {
-        let consumer = AsyncHolder<ClientConsumer>()
+        /// Stops the intake consumer (basic.cancel); what it already delivered is still handled.
+        let stop = AsyncHolder<@Sendable () async -> Void>()
         /// Ends when every in-flight handler has finished after intake stopped.
         let drained = AsyncStream<Void>.makeStream()
     }
@@ -28,14 +29,12 @@ struct RouterService: Service {
             group.addTask { await log.follow() }
             // Two batches in flight: one being decided while the one before
             // it is published and acked.
-            let deliveries = await client.consume(
-                ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 2 * Self.batchLimit))
-            await intake.consumer.set(deliveries)
+            // Deliveries go straight from the connection thread into the batch queue.
             let batches = BatchQueue<AMQPDelivery>(limit: Int(Self.batchLimit))
-            group.addTask {
-                for await delivery in deliveries { batches.yield(delivery) }
-                batches.finish()
-            }
+            let stop = await client.consume(
+                ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 2 * Self.batchLimit),
+                deliver: { batches.yield($0) }, ended: { batches.finish() })
+            await intake.stop.set(stop)
             // A pipeline: batch k+1 is decided (decision log) and its window
             // published while batch k still waits for its confirms. Settling
             // stays in batch order, so a batch can be acked with one
@@ -58,8 +57,8 @@ struct RouterService: Service {
     }
 
     func shutdown() async {
-        if let consumer = await intake.consumer.get() {
-            await consumer.stop()
+        if let stop = await intake.stop.get() {
+            await stop()
             for await _ in intake.drained.stream {}
         } else {
             await client.shutdown()

@@ -20,22 +20,25 @@ public struct ConsumerSpecification: Sendable {
 /// One consumer of the client, alive across reconnects.
 final class ConsumerRegistration: Sendable {
     let specification: ConsumerSpecification
-    let continuation: AsyncStream<AMQPDelivery>.Continuation
+    /// Runs on the connection thread for every delivery.
+    let deliver: @Sendable (AMQPDelivery) -> Void
+    /// Runs once the consumer is stopped or the client shut down.
+    private let ended: @Sendable () -> Void
     /// The channel and tag it consumes with on the current connection.
     private let active = Mutex<(channel: AMQPChannel, tag: String)?>(nil)
 
-    init(specification: ConsumerSpecification, continuation: AsyncStream<AMQPDelivery>.Continuation) {
+    init(specification: ConsumerSpecification, deliver: @escaping @Sendable (AMQPDelivery) -> Void, ended: @escaping @Sendable () -> Void) {
         self.specification = specification
-        self.continuation = continuation
+        self.deliver = deliver
+        self.ended = ended
     }
 
     func start(on connection: AMQPConnection, onBrokerCancel: @escaping @Sendable (AMQPError) -> Void) async throws {
         let channel = try await connection.openChannel()
         do {
             try await channel.qos(prefetchCount: specification.prefetchCount)
-            let continuation = continuation
             let sink = ConsumerSink(
-                deliver: { continuation.yield($0) },
+                deliver: deliver,
                 finish: { error in
                     if let error, error.code == .consumerCancelled { onBrokerCancel(error) }
                 })
@@ -49,15 +52,15 @@ final class ConsumerRegistration: Sendable {
         }
     }
 
-    /// basic.cancel, then the sequence ends after what it already holds.
+    /// basic.cancel, then the consumer ends after what it already holds.
     func stop() async {
         if let a = active.withLock({ $0 }) {
             try? await a.channel.cancel(consumerTag: a.tag)
         }
-        continuation.finish()
+        ended()
     }
 
-    func finish() { continuation.finish() }
+    func finish() { ended() }
 }
 
 /// The deliveries of one `AMQPClient` consumer, across reconnects.
@@ -78,7 +81,19 @@ extension AMQPClient {
     /// after `stop()`, `stopConsuming()` or `shutdown()`.
     public func consume(_ specification: ConsumerSpecification) async -> ClientConsumer {
         let (stream, continuation) = AsyncStream<AMQPDelivery>.makeStream()
-        let registration = ConsumerRegistration(specification: specification, continuation: continuation)
+        let stop = await consume(specification, deliver: { continuation.yield($0) }, ended: { continuation.finish() })
+        return ClientConsumer(stream: stream, stopAction: stop)
+    }
+
+    /// Consumes `queue` now and on every later connection, handing each
+    /// delivery to `deliver` on the connection's own thread (for callers
+    /// that only queue them: no task in between). `ended` runs once after
+    /// the returned stop action, `stopConsuming()` or `shutdown()`.
+    public func consume(
+        _ specification: ConsumerSpecification, deliver: @escaping @Sendable (AMQPDelivery) -> Void,
+        ended: @escaping @Sendable () -> Void
+    ) async -> @Sendable () async -> Void {
+        let registration = ConsumerRegistration(specification: specification, deliver: deliver, ended: ended)
         let key = UUID()
         let connection = state.withLock { s -> AMQPConnection? in
             s.consumers[key] = registration
@@ -92,7 +107,7 @@ extension AMQPClient {
                 onEvent(.consumerRestartFailed(queue: specification.queue, error as? AMQPError ?? AMQPError(.library, "\(error)")))
             }
         }
-        return ClientConsumer(stream: stream) { [weak self] in
+        return { [weak self] in
             _ = self?.state.withLock { $0.consumers.removeValue(forKey: key) }
             await registration.stop()
         }
