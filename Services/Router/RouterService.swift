@@ -27,9 +27,9 @@ struct RouterService: Service {
     func run() async throws {
         await withDiscardingTaskGroup { group in
             group.addTask { await log.follow() }
-            // Two batches in flight: one being decided while the one before
-            // it is published and acked.
-            // Deliveries go straight from the connection thread into the batch queue.
+            // Deliveries go straight from the connection thread into the batch
+            // queue; prefetch covers two batches: one being decided while the
+            // one before it is published and acked.
             let batches = BatchQueue<AMQPDelivery>(limit: Int(Self.batchLimit))
             let stop = await client.consume(
                 ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 2 * Self.batchLimit),

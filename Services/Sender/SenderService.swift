@@ -140,7 +140,7 @@ final class SenderService: Service {
     /// publishing (leadership is the leader queue's single consumer), and it
     /// notes its own events in the log as they are confirmed. The router's
     /// later events need no reading: a hand-off it sends again within this
-    /// term is caught by the term's own accepted set. (Following the log for
+    /// term is caught by the entry the term marks accepted. (Following the log for
     /// the whole term cost ~15% of the sender's CPU, four deliveries a dispatch.)
     private func readStatusLog(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> StatusLog {
         let log = StatusLog()

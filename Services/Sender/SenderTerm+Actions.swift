@@ -80,14 +80,13 @@ extension SenderTerm {
         // progress reply leaves the reply timeout and expiry in place.
         if case .some(let deadline) = timer {
             h.timerGeneration += 1
-            h.hasTimer = deadline != nil
             if let deadline { timers.schedule(deadline, key: id, generation: h.timerGeneration) }
         }
         held[id] = h
         // Entries of rescheduled or finished dispatches linger until due: drop them once they pile up.
         if timers.count > 2 * held.count + 1024 {
             let current = held
-            timers.compact { e in current[e.key].map { $0.hasTimer && $0.timerGeneration == e.generation } ?? false }
+            timers.compact { e in current[e.key]?.timerGeneration == e.generation }
         }
     }
 }

@@ -27,8 +27,9 @@ final class SenderTerm {
     struct Held {
         var machine: DispatchMachine
         let lease: AMQPDelivery
+        /// Bumped whenever the machine sets or clears the timer: only an
+        /// entry of the current generation fires.
         var timerGeneration = 0
-        var hasTimer = false
     }
 
     /// How often due timers are looked for: reply timeouts and expiry fire
@@ -195,8 +196,7 @@ final class SenderTerm {
             pendingAcks.append(d)  // after the events it caused are confirmed
         case .tick:
             for due in timers.due(at: now) {
-                guard var h = held[due.key], h.hasTimer, h.timerGeneration == due.generation else { continue }
-                h.hasTimer = false
+                guard var h = held[due.key], h.timerGeneration == due.generation else { continue }
                 let actions = h.machine.timerFired(now: now, targetOnline: online(h.machine.route), jitter: Double.random(in: 0..<1))
                 held[due.key] = h
                 try await execute(actions, id: due.key)
@@ -379,7 +379,7 @@ final class SenderTerm {
         }
     }
 
-    func presenceChanged(_ snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], now: Date) async throws {
+    private func presenceChanged(_ snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], now: Date) async throws {
         let before = presence
         presence = snapshot
         for (route, now_) in snapshot {

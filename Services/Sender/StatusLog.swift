@@ -38,8 +38,6 @@ final class StatusLog: Sendable {
 
     subscript(id: String) -> Entry? { state.withLock { $0.entries[id] } }
 
-    var count: Int { state.withLock { $0.entries.count } }
-
     private static var now: UInt32 { UInt32(clamping: Int(Date().timeIntervalSince1970)) }
 
     private func update(_ id: String, _ change: (inout Entry) -> Void) {

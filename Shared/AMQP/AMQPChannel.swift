@@ -117,7 +117,14 @@ public struct AMQPChannel: Sendable {
     /// Lets a caller publish its next window before the last one is
     /// confirmed (confirms on a channel arrive in publish order).
     public func publishWithoutWaiting(_ messages: [OutboundMessage]) -> PublishConfirms {
-        let confirms = PublishConfirms()
+        publishWithoutWaiting(messages, then: nil)
+    }
+
+    /// As above; `then` runs once the window is confirmed or has failed.
+    func publishWithoutWaiting(
+        _ messages: [OutboundMessage], then: (@Sendable (Result<PublishConfirms.Results, Error>) -> Void)?
+    ) -> PublishConfirms {
+        let confirms = PublishConfirms(then: then)
         guard !messages.isEmpty else {
             confirms.complete(.success([]))
             return confirms

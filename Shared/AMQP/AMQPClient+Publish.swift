@@ -25,18 +25,13 @@ extension AMQPClient {
     /// waiting for its confirms (see `AMQPChannel.publishWithoutWaiting`).
     public func publishWithoutWaiting(_ messages: [OutboundMessage]) async throws -> PublishConfirms {
         let channel = try await publishChannel()
-        let confirms = channel.publishWithoutWaiting(messages)
         // Should the broker have closed the channel, the next window gets a new one.
-        Task { [self] in
-            do {
-                _ = try await confirms.results()
-            } catch let error as AMQPError where error.code == .channelClosed {
-                state.withLock { s in
-                    if s.live?.publishChannel?.id == channel.id { s.live?.publishChannel = nil }
-                }
-            } catch {}
+        return channel.publishWithoutWaiting(messages) { [weak self] result in
+            guard case .failure(let error as AMQPError) = result, error.code == .channelClosed else { return }
+            self?.state.withLock { s in
+                if s.live?.publishChannel?.id == channel.id { s.live?.publishChannel = nil }
+            }
         }
-        return confirms
     }
 
     private func publishChannel() async throws -> AMQPChannel {

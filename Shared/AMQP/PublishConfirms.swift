@@ -11,8 +11,10 @@ public final class PublishConfirms: Sendable {
     }
 
     private let state = Mutex(State.waiting([]))
+    /// Runs once, right after completion (on the connection thread).
+    private let then: (@Sendable (Result<Results, Error>) -> Void)?
 
-    init() {}
+    init(then: (@Sendable (Result<Results, Error>) -> Void)? = nil) { self.then = then }
 
     func complete(_ result: Result<Results, Error>) {
         let waiters = state.withLock { s -> [CheckedContinuation<Results, Error>] in
@@ -21,6 +23,7 @@ public final class PublishConfirms: Sendable {
             return waiters
         }
         for w in waiters { w.resume(with: result) }
+        then?(result)
     }
 
     /// The result of each message, in order, once all are confirmed; throws

@@ -110,6 +110,16 @@ static int send_all(int fd, const uint8_t *p, size_t n) {
 // A frame: type (1), channel (2), payload size (4), payload, frame-end (1).
 enum { FRAME_HEADER = 7, FRAME_OVERHEAD = 8 };
 
+/// Closes the frame at `f` whose payload is written: its header and end
+/// marker. Returns the frame's whole size.
+static size_t close_frame(uint8_t *f, uint8_t type, amqp_channel_t channel, size_t payload) {
+  f[0] = type;
+  put16(f + 1, channel);
+  put32(f + 3, (uint32_t)payload);
+  f[FRAME_HEADER + payload] = AMQP_FRAME_END;
+  return FRAME_OVERHEAD + payload;
+}
+
 int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel,
                            const fd_publish_t *messages, size_t count) {
   size_t frame_max = (size_t)amqp_get_frame_max(state);
@@ -128,11 +138,7 @@ int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel
     amqp_bytes_t args = {.len = chunk - 4, .bytes = f + FRAME_HEADER + 4};
     int n = amqp_encode_method(AMQP_BASIC_PUBLISH_METHOD, &publish, args);
     if (n < 0) { status = n; break; }
-    f[0] = AMQP_FRAME_METHOD;
-    put16(f + 1, channel);
-    put32(f + 3, (uint32_t)n + 4);
-    f[FRAME_HEADER + 4 + n] = AMQP_FRAME_END;
-    out.len += FRAME_OVERHEAD + 4 + (size_t)n;
+    out.len += close_frame(f, AMQP_FRAME_METHOD, channel, 4 + (size_t)n);
     // Header frame: class, weight, body size, properties.
     if (!reserve(&out, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
     f = out.bytes + out.len;
@@ -142,22 +148,14 @@ int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel
     amqp_bytes_t props = {.len = chunk - 12, .bytes = f + FRAME_HEADER + 12};
     n = amqp_encode_properties(AMQP_BASIC_CLASS, (void *)m->properties, props);
     if (n < 0) { status = n; break; }
-    f[0] = AMQP_FRAME_HEADER;
-    put16(f + 1, channel);
-    put32(f + 3, (uint32_t)n + 12);
-    f[FRAME_HEADER + 12 + n] = AMQP_FRAME_END;
-    out.len += FRAME_OVERHEAD + 12 + (size_t)n;
+    out.len += close_frame(f, AMQP_FRAME_HEADER, channel, 12 + (size_t)n);
     // Body frames of at most frame_max.
     for (size_t offset = 0; offset < m->body.len; offset += chunk) {
       size_t size = m->body.len - offset < chunk ? m->body.len - offset : chunk;
       if (!reserve(&out, size + FRAME_OVERHEAD)) { status = AMQP_STATUS_NO_MEMORY; break; }
       f = out.bytes + out.len;
-      f[0] = AMQP_FRAME_BODY;
-      put16(f + 1, channel);
-      put32(f + 3, (uint32_t)size);
       memcpy(f + FRAME_HEADER, (const uint8_t *)m->body.bytes + offset, size);
-      f[FRAME_HEADER + size] = AMQP_FRAME_END;
-      out.len += size + FRAME_OVERHEAD;
+      out.len += close_frame(f, AMQP_FRAME_BODY, channel, size);
     }
   }
   if (status == AMQP_STATUS_OK) status = send_all(amqp_get_sockfd(state), out.bytes, out.len);

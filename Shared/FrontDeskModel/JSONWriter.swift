@@ -14,6 +14,15 @@ public struct JSONWriter: Sendable {
 
     public var data: Data { Data(bytes) }
 
+    /// The bytes of one object whose fields `fill` writes.
+    public static func object(_ fill: (inout JSONWriter) -> Void) -> Data {
+        var json = JSONWriter()
+        json.beginObject()
+        fill(&json)
+        json.endObject()
+        return json.data
+    }
+
     public mutating func beginObject() {
         separate()
         bytes.append(UInt8(ascii: "{"))

@@ -54,52 +54,48 @@ extension StatusEvent.ErrorInfo {
 extension StatusEvent {
     /// The event's body: sorted keys, so a re-sent event is byte-identical.
     public func jsonData() -> Data {
-        var json = JSONWriter()
-        json.beginObject()
-        json.field("activity", activity)
-        json.field("at", at)
-        json.field("attempt", attempt)
-        if let cancel {
-            json.beginObject("cancel")
-            json.field("reason", cancel.reason)
-            json.endObject()
+        JSONWriter.object { json in
+            json.field("activity", activity)
+            json.field("at", at)
+            json.field("attempt", attempt)
+            if let cancel {
+                json.beginObject("cancel")
+                json.field("reason", cancel.reason)
+                json.endObject()
+            }
+            json.field("dispatchId", dispatchId)
+            json.field("elapsedMs", elapsedMs)
+            error?.write("error", to: &json)
+            json.field("etaMs", etaMs)
+            json.field("expiresAt", expiresAt)
+            json.field("input", input)
+            json.field("preview", preview)
+            project?.write("project", to: &json)
+            if let queue {
+                json.beginObject("queue")
+                json.field("reason", queue.reason)
+                json.field("retryAt", queue.retryAt)
+                json.endObject()
+            }
+            json.field("reply", reply)
+            route?.write("route", to: &json)
+            json.field("seq", seq)
+            json.field("startedAt", startedAt)
+            json.field("state", state.rawValue)
+            json.field("step", step)
+            json.field("steps", steps)
+            target?.write("target", to: &json)
+            json.field("threadId", threadId)
         }
-        json.field("dispatchId", dispatchId)
-        json.field("elapsedMs", elapsedMs)
-        error?.write("error", to: &json)
-        json.field("etaMs", etaMs)
-        json.field("expiresAt", expiresAt)
-        json.field("input", input)
-        json.field("preview", preview)
-        project?.write("project", to: &json)
-        if let queue {
-            json.beginObject("queue")
-            json.field("reason", queue.reason)
-            json.field("retryAt", queue.retryAt)
-            json.endObject()
-        }
-        json.field("reply", reply)
-        route?.write("route", to: &json)
-        json.field("seq", seq)
-        json.field("startedAt", startedAt)
-        json.field("state", state.rawValue)
-        json.field("step", step)
-        json.field("steps", steps)
-        target?.write("target", to: &json)
-        json.field("threadId", threadId)
-        json.endObject()
-        return json.data
     }
 }
 
 extension DispatchRecord {
     /// The decision record and hand-off body: sorted keys, stable bytes.
     public func jsonData() -> Data {
-        var json = JSONWriter()
-        json.beginObject()
-        writeFields(to: &json)
-        json.endObject()
-        return json.data
+        JSONWriter.object { json in
+            writeFields(to: &json)
+        }
     }
 
     func writeFields(to json: inout JSONWriter) {
@@ -124,37 +120,33 @@ extension DispatchRecord {
 extension AgentTask {
     /// The task body of the agent protocol: sorted keys, stable bytes.
     public func jsonData() -> Data {
-        var json = JSONWriter()
-        json.beginObject()
-        json.field("attempt", attempt)
-        json.field("deadline", deadline)
-        json.field("dispatchId", dispatchId)
-        json.field("input", input)
-        project.write("project", to: &json)
-        target.write("target", to: &json)
-        json.field("threadId", threadId)
-        json.field("user", user)
-        json.endObject()
-        return json.data
+        JSONWriter.object { json in
+            json.field("attempt", attempt)
+            json.field("deadline", deadline)
+            json.field("dispatchId", dispatchId)
+            json.field("input", input)
+            project.write("project", to: &json)
+            target.write("target", to: &json)
+            json.field("threadId", threadId)
+            json.field("user", user)
+        }
     }
 }
 
 extension ParkedDispatch {
     /// The body of a parked or delayed dispatch: sorted keys, stable bytes.
     public func jsonData() -> Data {
-        var json = JSONWriter()
-        json.beginObject()
-        json.field("attempt", attempt)
-        json.field("everDelivered", everDelivered)
-        json.field("lastSeq", lastSeq)
-        project.write("project", to: &json)
-        json.beginObject("record")
-        record.writeFields(to: &json)
-        json.endObject()
-        json.field("retryAt", retryAt)
-        json.field("stepReached", stepReached)
-        target.write("target", to: &json)
-        json.endObject()
-        return json.data
+        JSONWriter.object { json in
+            json.field("attempt", attempt)
+            json.field("everDelivered", everDelivered)
+            json.field("lastSeq", lastSeq)
+            project.write("project", to: &json)
+            json.beginObject("record")
+            record.writeFields(to: &json)
+            json.endObject()
+            json.field("retryAt", retryAt)
+            json.field("stepReached", stepReached)
+            target.write("target", to: &json)
+        }
     }
 }

@@ -101,15 +101,14 @@ func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
                 try delivery.reject(requeue: false)
                 continue
             }
-            var json = JSONWriter()
-            json.beginObject()
-            json.field("attempt", task.attempt)
-            json.field("dispatchId", task.dispatchId)
-            json.field("kind", "final")
-            json.field("text", draft(for: task).joined(separator: "\n"))
-            json.endObject()
+            let body = JSONWriter.object { json in
+                json.field("attempt", task.attempt)
+                json.field("dispatchId", task.dispatchId)
+                json.field("kind", "final")
+                json.field("text", draft(for: task).joined(separator: "\n"))
+            }
             messages.append(OutboundMessage(
-                exchange: "", routingKey: delivery.properties.replyTo ?? "frontdesk.replies", body: json.data,
+                exchange: "", routingKey: delivery.properties.replyTo ?? "frontdesk.replies", body: body,
                 properties: .persistentJSON(correlationID: task.dispatchId)))
             answered.append(delivery)
         }
