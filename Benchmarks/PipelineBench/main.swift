@@ -65,6 +65,8 @@ struct Round {
     var replied: [Double]  // ms, sorted
     var failed: Int
     var cpuMsPerDispatch: [(String, Double)]
+    /// The share of all cores busy during the round (every process on the machine).
+    var machineBusy: Double
 }
 
 func percentile(_ sorted: [Double], _ p: Double) -> Double {
@@ -150,6 +152,8 @@ func cpuSeconds(_ processes: [(String, Process)]) -> [String: Double] {
     var total: [String: Double] = [:]
     for (name, p) in processes { total[name, default: 0] += ProcStats.cpuSeconds(p.processIdentifier) ?? .nan }
     if let brokerPID, let broker = ProcStats.cpuSeconds(brokerPID) { total["broker"] = broker }
+    // The producer and the status subscriber share the cores too.
+    total["bench"] = ProcStats.cpuSeconds(getpid())
     return total
 }
 
@@ -160,6 +164,7 @@ func round(
 ) async throws -> Round {
     let ids = (0..<requests).map { "\(label)-\($0)" }
     let cpuBefore = cpuSeconds(processes)
+    let machineBefore = ProcStats.machineJiffies()
     let sentAt = try await offer(ids, rate: rate, on: channel)
     let deadline = ContinuousClock.now + .seconds(120)
     var reported = ContinuousClock.now
@@ -171,6 +176,7 @@ func round(
         }
     }
     let cpuAfter = cpuSeconds(processes)
+    let machineAfter = ProcStats.machineJiffies()
     let results = observations.results(for: ids)
     var first: [Double] = [], replied: [Double] = []
     var failed = 0, lastEnd = sentAt[0]
@@ -187,7 +193,8 @@ func round(
     let cpu = cpuAfter.keys.sorted().map { ($0, (cpuAfter[$0]! - (cpuBefore[$0] ?? 0)) * 1000 / Double(requests)) }
     return Round(
         system: system, offered: rate, throughput: Double(replied.count) / (lastEnd - sentAt[0]).seconds,
-        firstEvent: first.sorted(), replied: replied.sorted(), failed: failed, cpuMsPerDispatch: cpu)
+        firstEvent: first.sorted(), replied: replied.sorted(), failed: failed, cpuMsPerDispatch: cpu,
+        machineBusy: machineBefore.flatMap { b in machineAfter.map { a in (a.busy - b.busy) / (a.total - b.total) } } ?? .nan)
 }
 
 /// Where the time went in a round: mean request → drafted → sending →
@@ -300,19 +307,19 @@ let peakRSS = [("router", router), ("sender", sender)].map { ($0.0, ProcStats.pe
 // MARK: - Report
 
 print("pipeline-bench: \(requests) dispatches a round; producer → router → sender → 2 instant agents → replied; every publish confirmed")
-print("system    offered/s   replied/s   first p50   p99      replied p50  p99      p99.9    failed  CPU-ms/dispatch")
-var csv = "system,offered,throughput,first_p50,first_p99,replied_p50,replied_p99,replied_p999\n"
+print("system    offered/s   replied/s   first p50   p99      replied p50  p99      p99.9    failed  busy  CPU-ms/dispatch")
+var csv = "system,offered,throughput,first_p50,first_p99,replied_p50,replied_p99,replied_p999,machine_busy\n"
 for r in pipeline + ceiling {
     let offered = r.offered.map { String(format: "%9.0f", $0) } ?? "      max"
     let cpu = r.cpuMsPerDispatch.map { String(format: "%@ %.3f", $0.0, $0.1) }.joined(separator: ", ")
     print(String(
-        format: "%-9@ %@ %11.0f %9.2f %8.2f %12.2f %8.2f %8.2f %6d  %@", r.system, offered, r.throughput,
+        format: "%-9@ %@ %11.0f %9.2f %8.2f %12.2f %8.2f %8.2f %6d  %3.0f%%  %@", r.system, offered, r.throughput,
         percentile(r.firstEvent, 0.5), percentile(r.firstEvent, 0.99), percentile(r.replied, 0.5), percentile(r.replied, 0.99),
-        percentile(r.replied, 0.999), r.failed, cpu))
+        percentile(r.replied, 0.999), r.failed, r.machineBusy * 100, cpu))
     csv += String(
-        format: "%@,%.0f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r.system, r.offered ?? r.throughput, r.throughput,
+        format: "%@,%.0f,%.1f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", r.system, r.offered ?? r.throughput, r.throughput,
         percentile(r.firstEvent, 0.5), percentile(r.firstEvent, 0.99), percentile(r.replied, 0.5), percentile(r.replied, 0.99),
-        percentile(r.replied, 0.999))
+        percentile(r.replied, 0.999), r.machineBusy)
 }
 print("peak RSS: " + peakRSS.map { String(format: "%@ %.1f MiB", $0.0, $0.1) }.joined(separator: ", "))
 if let relayMax = ceiling.first?.throughput {

@@ -35,6 +35,18 @@ public enum ProcStats {
         return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }
 
+    /// Jiffies of all cores so far from /proc/stat: busy (user, nice, system,
+    /// irq, softirq, steal) and the total with idle and iowait.
+    public static func machineJiffies() -> (busy: Double, total: Double)? {
+        guard let stat = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),
+              let line = stat.split(separator: "\n").first, line.hasPrefix("cpu ") else { return nil }
+        let v = line.split(separator: " ").dropFirst().compactMap { Double($0) }
+        guard v.count >= 8 else { return nil }
+        let idle = v[3] + v[4]
+        let busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+        return (busy, busy + idle)
+    }
+
     /// The peak resident set size in MiB (VmHWM).
     public static func peakRSSMiB(_ pid: Int32) -> Double? { statusField("VmHWM", pid).map { $0 / 1024 } }
 

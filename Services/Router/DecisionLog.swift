@@ -33,6 +33,8 @@ final class DecisionLog: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Records taken in since the last credit ack.
+    private let credit = Mutex(0)
     let client: AMQPClient
     let windowSeconds: Int
 
@@ -45,10 +47,21 @@ final class DecisionLog: Sendable {
     func first(_ id: String) -> Entry? { state.withLock { $0.first[id] } }
 
     /// Reads the stream from its start for as long as the client runs, and
-    /// fails appends whose record has not come back in time.
+    /// fails appends whose record has not come back in time. Records are
+    /// taken in on the connection's own thread: a read-back resumes its
+    /// appender without a task in between.
     func follow() async {
-        let deliveries = await client.consume(ConsumerSpecification(
-            queue: RouterTopology.decisionLog, prefetchCount: 2000, arguments: ["x-stream-offset": "first"]))
+        let (ended, endedContinuation) = AsyncStream<Void>.makeStream()
+        _ = await client.consume(
+            ConsumerSpecification(queue: RouterTopology.decisionLog, prefetchCount: 2000, arguments: ["x-stream-offset": "first"]),
+            deliver: { [self] delivery in
+                ingest(delivery)
+                // A stream consumer's acks are credit: give it back 100 records at a time.
+                if credit.withLock({ n in n += 1; defer { if n >= 100 { n = 0 } }; return n >= 100 }) {
+                    try? delivery.ack(multiple: true)
+                }
+            },
+            ended: { endedContinuation.finish() })
         let sweeper = Task {
             var turns = 0
             while !Task.isCancelled {
@@ -58,16 +71,7 @@ final class DecisionLog: Sendable {
                 if turns % 120 == 0 { pruneExpired() }  // once a minute
             }
         }
-        // A stream consumer's acks are credit: give it back 100 records at a time.
-        var sinceAck = 0
-        for await delivery in deliveries {
-            ingest(delivery)
-            sinceAck += 1
-            if sinceAck >= 100 {
-                try? delivery.ack(multiple: true)
-                sinceAck = 0
-            }
-        }
+        for await _ in ended {}
         sweeper.cancel()
     }
 
@@ -131,22 +135,26 @@ final class DecisionLog: Sendable {
                 exchange: "", routingKey: RouterTopology.decisionLog, body: r.body,
                 properties: .persistentJSON(messageID: token, correlationID: r.record.id, type: "frontdesk.router.decision.v1"))
         }
-        let published: [Result<Void, AMQPError>]
+        // A record read back is in the log (a stream gives its readers only
+        // what it stored), so the read-back is what an append waits for; a
+        // publish that fails fails its waiter at once instead of at the timeout.
         do {
-            published = try await client.publish(messages)
+            let confirms = try await client.publishWithoutWaiting(messages)
+            Task {
+                let results: [Result<Void, AMQPError>]
+                do { results = try await confirms.results() } catch {
+                    results = messages.map { _ in .failure(error as? AMQPError ?? AMQPError(.library, "\(error)")) }
+                }
+                for (token, result) in zip(tokens, results) {
+                    if case .failure(let error) = result { fail(token, error) }
+                }
+            }
         } catch {
-            published = messages.map { _ in .failure(error as? AMQPError ?? AMQPError(.library, "\(error)")) }
+            for token in tokens { fail(token, error) }
+            return tokens.map { _ in .failure(error) }
         }
         var results: [Result<(winner: Entry, token: String), Error>] = []
-        for (token, outcome) in zip(tokens, published) {
-            if case .failure(let error) = outcome {
-                state.withLock { s in
-                    s.expected[token] = nil
-                    s.arrived[token] = nil
-                }
-                results.append(.failure(error))
-                continue
-            }
+        for token in tokens {
             do {
                 results.append(.success((try await readBack(token), token)))
             } catch {
@@ -154,6 +162,16 @@ final class DecisionLog: Sendable {
             }
         }
         return results
+    }
+
+    /// Ends the wait for `token`'s read-back with `error`, unless it came back already.
+    private func fail(_ token: String, _ error: any Error) {
+        let waiter = state.withLock { s -> CheckedContinuation<Entry, Error>? in
+            guard s.expected.removeValue(forKey: token) != nil else { return nil }
+            s.arrived[token] = nil
+            return s.waiters.removeValue(forKey: token)
+        }
+        waiter?.resume(throwing: error)
     }
 
     private func readBack(_ token: String) async throws -> Entry {
