@@ -33,6 +33,8 @@ final class DecisionLog: Sendable {
     }
 
     private let state = Mutex(State())
+    private let tokenPrefix = UUID().uuidString
+    private let tokenCounter = Mutex<UInt64>(0)
     /// Records taken in since the last credit ack.
     private let credit = Mutex(0)
     let client: AMQPClient
@@ -126,7 +128,7 @@ final class DecisionLog: Sendable {
     /// given each back. For each: the first record of its id (this one unless
     /// another came first) and this append's token, or why it failed.
     func append(_ records: [(record: DispatchRecord, body: Data)], timeout: Duration = .seconds(15)) async -> [Result<(winner: Entry, token: String), Error>] {
-        let tokens = records.map { _ in UUID().uuidString }
+        let tokens = records.map { _ in nextToken() }
         state.withLock { s in
             for (token, r) in zip(tokens, records) { s.expected[token] = (r.record.id, .now + timeout) }
         }
@@ -139,11 +141,11 @@ final class DecisionLog: Sendable {
         // what it stored), so the read-back is what an append waits for; a
         // publish that fails fails its waiter at once instead of at the timeout.
         do {
-            let confirms = try await client.publishWithoutWaiting(messages)
-            Task {
-                let results: [Result<Void, AMQPError>]
-                do { results = try await confirms.results() } catch {
-                    results = messages.map { _ in .failure(error as? AMQPError ?? AMQPError(.library, "\(error)")) }
+            _ = try await client.publishWithoutWaiting(messages) { [self] outcome in
+                let results: PublishConfirms.Results
+                switch outcome {
+                case .success(let each): results = each
+                case .failure(let error): results = messages.map { _ in .failure(error as? AMQPError ?? AMQPError(.library, "\(error)")) }
                 }
                 for (token, result) in zip(tokens, results) {
                     if case .failure(let error) = result { fail(token, error) }
@@ -162,6 +164,16 @@ final class DecisionLog: Sendable {
             }
         }
         return results
+    }
+
+    /// Unique per append across replicas and restarts: a random prefix per
+    /// process and a counter (a UUID per record read /dev/urandom each time).
+    private func nextToken() -> String {
+        let n = tokenCounter.withLock { n in
+            n += 1
+            return n
+        }
+        return "\(tokenPrefix)-\(n)"
     }
 
     /// Ends the wait for `token`'s read-back with `error`, unless it came back already.

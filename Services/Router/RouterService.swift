@@ -39,17 +39,12 @@ struct RouterService: Service {
             // published while batch k still waits for its confirms. Settling
             // stays in batch order, so a batch can be acked with one
             // `multiple` ack: every lower tag is settled.
-            var settling: Task<Void, Never>?
+            let settlement = InOrderSettlement()
             while let batch = await batches.next() {
                 let decided = await decide(batch)
-                let window = await publish(decided)
-                let previous = settling
-                settling = Task {
-                    await previous?.value
-                    await settle(decided, window)
-                }
+                await publish(decided, settlement.issue(), settlement)
             }
-            await settling?.value
+            await settlement.idle()
             // Intake stopped and every handler finished: stop the rest.
             intake.drained.continuation.finish()
             await client.shutdown()
@@ -116,56 +111,55 @@ struct RouterService: Service {
         return DecidedBatch(deliveries: batch, plans: plans, started: started)
     }
 
-    /// A decided batch's window, handed to the connection: which plan owns
-    /// each message, and the confirms (or why it could not be sent).
-    struct Window {
-        var owners: [Int] = []
-        var confirms: Result<PublishConfirms, any Error>?
-    }
-
     /// Publishes a decided batch's events, dead letters and hand-offs in one
-    /// window, without waiting for the confirms.
-    func publish(_ decided: DecidedBatch) async -> Window {
+    /// window, without waiting for the confirms; the batch settles as
+    /// `number` of `settlement` once they are in.
+    func publish(_ decided: DecidedBatch, _ number: UInt64, _ settlement: InOrderSettlement) async {
         var messages: [OutboundMessage] = []
-        var window = Window()
+        var owners: [Int] = []
         for (i, p) in decided.plans.enumerated() {
             if case .publish(let m, _) = p {
                 messages += m
-                window.owners += Array(repeating: i, count: m.count)
+                owners += Array(repeating: i, count: m.count)
             }
         }
-        if !messages.isEmpty {
-            do {
-                window.confirms = .success(try await client.publishWithoutWaiting(messages))
-            } catch {
-                window.confirms = .failure(error)
-            }
+        guard !messages.isEmpty else {
+            return settlement.complete(number, settleWork(decided, failed: [:]))
         }
-        return window
+        do {
+            // The confirms arrive on the connection thread, which settles the
+            // batch there when nothing has to be handed back.
+            _ = try await client.publishWithoutWaiting(messages) { [owners] outcome in
+                var failed: [Int: any Error] = [:]
+                switch outcome {
+                case .success(let results):
+                    for (owner, result) in zip(owners, results) {
+                        if case .failure(let error) = result { failed[owner] = error }
+                    }
+                case .failure(let error):
+                    for owner in owners { failed[owner] = error }
+                }
+                settlement.complete(number, settleWork(decided, failed: failed))
+            }
+        } catch {
+            settlement.complete(number, settleWork(decided, failed: Dictionary(owners.map { ($0, error) }, uniquingKeysWith: { a, _ in a })))
+        }
     }
 
-    /// Waits for a batch's confirms, then acks (or hands back) its deliveries.
-    func settle(_ decided: DecidedBatch, _ window: Window) async {
-        let (batch, plans, started) = (decided.deliveries, decided.plans, decided.started)
-        var failed: [Int: any Error] = [:]
-        if let confirms = window.confirms {
-            do {
-                for (owner, result) in zip(window.owners, try await confirms.get().results()) {
-                    if case .failure(let error) = result { failed[owner] = error }
-                }
-            } catch {
-                for owner in window.owners { failed[owner] = error }
-            }
-        }
+    /// Acks (or hands back) a batch's deliveries once its confirms are in:
+    /// at once when all went through, after a back-off when some must come again.
+    func settleWork(_ decided: DecidedBatch, failed: [Int: any Error]) -> InOrderSettlement.Work {
+        let (batch, plans) = (decided.deliveries, decided.plans)
         var retries: [AMQPDelivery] = []
         var settled: [AMQPDelivery] = []
+        var counts: [Counted] = []
         for (i, p) in plans.enumerated() {
             switch p {
             case .publish(_, let counted) where failed[i] == nil:
-                count(counted)
+                counts.append(counted)
                 settled.append(batch[i])
             case .drop(let counted):
-                count(counted)
+                counts.append(counted)
                 settled.append(batch[i])
             case .retry(let error):
                 logger.warning("will retry a message", [("error", .string("\(error)")), ("routing_key", .string(batch[i].routingKey))])
@@ -175,20 +169,25 @@ struct RouterService: Service {
                 retries.append(batch[i])
             }
         }
-        if !retries.isEmpty {
+        let finish: @Sendable () -> Void = { [self, counts, settled] in
+            for c in counts { count(c) }
+            // The rest with one ack per consumer (a reconnect starts a new
+            // consumer and new tags); any retries were settled just before.
+            for (_, deliveries) in Dictionary(grouping: settled, by: \.consumerTag) {
+                let last = deliveries.max { $0.deliveryTag < $1.deliveryTag }!
+                try? last.ack(multiple: true)
+            }
+            let elapsed = ContinuousClock.now - decided.started
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            for _ in batch { metrics.handling.observe(seconds) }
+        }
+        guard !retries.isEmpty else { return .now(finish) }
+        return .later { [retries] in
             // Back off a little, then hand them back: they come again, marked redelivered.
             try? await Task.sleep(for: .milliseconds(200))
             for d in retries { try? d.nack(requeue: true) }
+            finish()
         }
-        // The rest with one ack per consumer (a reconnect starts a new consumer
-        // and new tags); the retries were settled just before.
-        for (_, deliveries) in Dictionary(grouping: settled, by: \.consumerTag) {
-            let last = deliveries.max { $0.deliveryTag < $1.deliveryTag }!
-            try? last.ack(multiple: true)
-        }
-        let elapsed = ContinuousClock.now - started
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        for _ in batch { metrics.handling.observe(seconds) }
     }
 
     private func count(_ counted: Counted) {

@@ -23,10 +23,15 @@ extension AMQPClient {
 
     /// Hands a window to the current connection now, in call order, without
     /// waiting for its confirms (see `AMQPChannel.publishWithoutWaiting`).
-    public func publishWithoutWaiting(_ messages: [OutboundMessage]) async throws -> PublishConfirms {
+    /// `then` runs once on the connection thread when the window is confirmed
+    /// or has failed: for callers that only need to note the outcome.
+    public func publishWithoutWaiting(
+        _ messages: [OutboundMessage], then: (@Sendable (Result<PublishConfirms.Results, Error>) -> Void)? = nil
+    ) async throws -> PublishConfirms {
         let channel = try await publishChannel()
         // Should the broker have closed the channel, the next window gets a new one.
         return channel.publishWithoutWaiting(messages) { [weak self] result in
+            then?(result)
             guard case .failure(let error as AMQPError) = result, error.code == .channelClosed else { return }
             self?.state.withLock { s in
                 if s.live?.publishChannel?.id == channel.id { s.live?.publishChannel = nil }
