@@ -43,7 +43,7 @@ final class SenderTerm {
     let logger: Logger
     let metrics: SenderMetrics
     let feed = BatchQueue<Input>()
-    let settler = Settler()
+    let settler: Settler
     /// Messages of the inputs handled so far in this batch, published in one
     /// window by `flush()`; the settler acks the leases they settle once
     /// the window is confirmed.
@@ -75,6 +75,7 @@ final class SenderTerm {
         metrics: SenderMetrics, statusLog: StatusLog
     ) {
         self.statusLog = statusLog
+        settler = Settler(statusLog: statusLog) { [feed] in feed.finish() }
         self.connection = connection
         self.publisher = publisher
         self.table = table
@@ -100,13 +101,8 @@ final class SenderTerm {
             await SenderTerm.pollPresence(channel: presenceChannel, table: table, feed: feed)
         })
         forwarders.append(Task { [feed] in await SenderTerm.tick(feed) })
-        let settling = Task { [settler, statusLog, feed] in
-            await settler.run(statusLog: statusLog) { feed.finish() }
-        }
         defer {
             for f in forwarders { f.cancel() }
-            settler.finish()
-            settling.cancel()
         }
         // Whatever gathered while the last batch was handled is handled
         // together: one publish window, settled by the settler.
@@ -125,9 +121,8 @@ final class SenderTerm {
         let messages = pendingMessages, acks = pendingAcks
         pendingMessages = []
         pendingAcks = []
-        let confirms = publisher.publishWithoutWaiting(messages)
-        try await settler.settle(
-            confirms, events: messages.filter { $0.exchange == SharedTopology.statusExchange }, acks: acks)
+        try await settler.publish(
+            messages, on: publisher, events: messages.filter { $0.exchange == SharedTopology.statusExchange }, acks: acks)
     }
 
     /// Consumes `queue` straight into the term's feed (on the connection

@@ -120,8 +120,10 @@ public struct AMQPChannel: Sendable {
         publishWithoutWaiting(messages, then: nil)
     }
 
-    /// As above; `then` runs once the window is confirmed or has failed.
-    func publishWithoutWaiting(
+    /// As above; `then` runs once on the connection thread when the window is
+    /// confirmed or has failed: for callers that only need to note the outcome.
+    @discardableResult
+    public func publishWithoutWaiting(
         _ messages: [OutboundMessage], then: (@Sendable (Result<PublishConfirms.Results, Error>) -> Void)?
     ) -> PublishConfirms {
         let confirms = PublishConfirms(then: then)
