@@ -18,6 +18,10 @@ extension ConnectionLoop {
             }
             handle(frame)
             handled += 1
+            // Nothing left in rabbitmq-c's buffer: back to poll, which tells
+            // whether the socket has more (a read would find out with a failed
+            // recv and a poll of its own).
+            if amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0 { break }
             // Let queued commands (acks, publishes) in between long runs of deliveries.
             if handled % 64 == 0, core.hasCommands { break }
         }

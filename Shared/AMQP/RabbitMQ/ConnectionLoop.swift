@@ -37,11 +37,18 @@ final class ConnectionLoop {
 
     /// Runs until the connection ends, then fails what is left and frees the handle.
     func run() {
+        // Read only when poll said the socket has something (or rabbitmq-c
+        // holds frames or bytes already): a read on an empty socket costs a
+        // recv that fails and a poll inside rabbitmq-c, on every wake-up.
+        var readable = true
         while failure == nil {
             let commands = core.drain()
             for command in commands { command(self) }
             if closeRequested || failure != nil { break }
-            pumpFrames()
+            if readable || amqp_frames_enqueued(conn) != 0 || amqp_data_in_buffer(conn) != 0 {
+                pumpFrames()
+                readable = false
+            }
             if failure != nil { break }
             sendHeartbeatIfDue()
             expireConfirmsIfDue()
@@ -49,7 +56,7 @@ final class ConnectionLoop {
             // pipeline-bench, 50 turns of sched_yield after work cost CPU and
             // bought no latency. `prepareToWait` re-checks for commands.
             if amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0, core.prepareToWait() {
-                waitForInput(timeoutMs: 200)
+                readable = waitForInput(timeoutMs: 200)
                 core.finishedWaiting()
             }
         }
@@ -74,13 +81,16 @@ final class ConnectionLoop {
 
     func requestClose() { closeRequested = true }
 
-    private func waitForInput(timeoutMs: Int32) {
+    /// Waits for the socket or a command; true when the socket has
+    /// something to read (or an error to report).
+    private func waitForInput(timeoutMs: Int32) -> Bool {
         var fds = [
             pollfd(fd: amqp_get_sockfd(conn), events: Int16(POLLIN), revents: 0),
             pollfd(fd: core.wakeDescriptor, events: Int16(POLLIN), revents: 0),
         ]
         _ = poll(&fds, 2, timeoutMs)
         if fds[1].revents != 0 { core.clearWake() }
+        return fds[0].revents != 0
     }
 
     private func expireConfirmsIfDue() {
