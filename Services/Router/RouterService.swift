@@ -274,17 +274,8 @@ struct RouterService: Service {
         return OutboundMessage(exchange: "", routingKey: RouterTopology.senderInbox, body: delivery.body, properties: properties, mandatory: true)
     }
 
-    /// The original body and properties, plus the four headers of CONTRACT.md.
     private func deadLetterMessage(_ delivery: AMQPDelivery, _ code: DeadLetterCode, _ reason: String) -> OutboundMessage {
-        var properties = delivery.properties
-        var headers = properties.headers ?? FieldTable()
-        headers["x-frontdesk-error"] = .string(code.rawValue)
-        headers["x-frontdesk-reason"] = .string(reason)
-        headers["x-frontdesk-service"] = "frontdesk-router"
-        headers["x-frontdesk-routing-key"] = .string(delivery.routingKey)
-        properties.headers = headers
-        properties.deliveryMode = 2
-        return OutboundMessage(exchange: SharedTopology.deadLetterExchange, routingKey: delivery.routingKey, body: delivery.body, properties: properties)
+        SharedTopology.deadLetter(delivery, code: code, reason: reason, service: "frontdesk-router")
     }
 }
 

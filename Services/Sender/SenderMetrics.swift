@@ -10,6 +10,7 @@ struct SenderMetrics: Sendable {
     let parked: Gauge
     let leader: Gauge
     let replyTime: Histogram
+    let deadLetters: Counter
 
     init(_ registry: MetricsRegistry) {
         dispatches = registry.counter("frontdesk_sender_dispatches_total", "dispatches received and finished, by state", labels: ["state"])
@@ -19,6 +20,7 @@ struct SenderMetrics: Sendable {
         commands = registry.counter("frontdesk_sender_commands_total", "cancels and reroutes applied", labels: ["kind"])
         parked = registry.gauge("frontdesk_sender_parked", "dispatches parked, per target", labels: ["target"])
         leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads")
+        deadLetters = registry.counter("frontdesk_sender_dead_letters_total", "agent replies dead-lettered, by code", labels: ["code"])
         replyTime = registry.histogram(
             "frontdesk_sender_reply_seconds", "from the dispatch's start to its agent's final reply",
             buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600])

@@ -183,12 +183,21 @@ final class SenderTerm {
         case .retryDue(let d):
             try await retryDue(d, now: now)
         case .reply(let d):
-            if let reply = AgentReply.parse(d.body), var h = held[reply.dispatchId] {
-                let actions = h.machine.replyReceived(reply, now: now, jitter: Double.random(in: 0..<1))
-                held[reply.dispatchId] = h
-                try await execute(actions, id: reply.dispatchId)
+            switch AgentReply.classify(d.body) {
+            case .success(let reply):
+                // A reply for a dispatch this term does not hold (finished, or
+                // a late copy) is ignored: replies may come more than once.
+                if var h = held[reply.dispatchId] {
+                    let actions = h.machine.replyReceived(reply, now: now, jitter: Double.random(in: 0..<1))
+                    held[reply.dispatchId] = h
+                    try await execute(actions, id: reply.dispatchId)
+                }
+            case .failure(let rejection):
+                logger.info("dead-lettered a reply", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
+                metrics.deadLetters.increment(rejection.code.rawValue)
+                pendingMessages.append(SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-sender"))
             }
-            pendingAcks.append(d)  // after the events it caused are confirmed
+            pendingAcks.append(d)  // after the events (or the dead letter) it caused are confirmed
         case .tick:
             for due in timers.due(at: now) {
                 guard var h = held[due.key], h.timerGeneration == due.generation else { continue }

@@ -28,21 +28,38 @@ public struct AgentReply: Sendable, Equatable {
         self.retryable = retryable
     }
 
+    /// Why a body is no reply: the dead-letter code and one readable sentence.
+    public struct Rejection: Error, Sendable, Equatable {
+        public var code: DeadLetterCode
+        public var reason: String
+    }
+
     /// Parses a reply body; nil for anything that is not one.
-    public static func parse(_ body: Data) -> AgentReply? {
-        guard let o = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any],
-            let id = o["dispatchId"] as? String, Identifiers.isValidDispatchID(id),
-            let attempt = (o["attempt"] as? NSNumber)?.intValue, attempt >= 1,
-            let kindText = o["kind"] as? String, let kind = Kind(rawValue: kindText)
-        else { return nil }
+    public static func parse(_ body: Data) -> AgentReply? { try? classify(body).get() }
+
+    /// Parses a reply body, or says why it is none.
+    public static func classify(_ body: Data) -> Result<AgentReply, Rejection> {
+        func invalid(_ reason: String) -> Result<AgentReply, Rejection> { .failure(Rejection(code: .invalidRequest, reason: reason)) }
+        guard let o = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] else {
+            return .failure(Rejection(code: .invalidJSON, reason: "the reply is not a JSON object"))
+        }
+        guard let id = o["dispatchId"] as? String, Identifiers.isValidDispatchID(id) else {
+            return invalid("the reply has no valid dispatchId (1–128 of A–Z a–z 0–9 . _ : -)")
+        }
+        guard let attempt = (o["attempt"] as? NSNumber)?.intValue, attempt >= 1 else {
+            return invalid("the reply's attempt must be a number from 1")
+        }
+        guard let kindText = o["kind"] as? String, let kind = Kind(rawValue: kindText) else {
+            return invalid("the reply's kind must be accepted, progress, final or error")
+        }
         var error: StatusEvent.ErrorInfo? = nil
         if let e = o["error"] as? [String: Any] {
             error = .init(code: (e["code"] as? String) ?? "agent_error", message: (e["message"] as? String) ?? "")
         }
         let eta = (o["etaMs"] as? NSNumber)?.intValue
-        return AgentReply(
+        return .success(AgentReply(
             dispatchId: id, attempt: attempt, kind: kind, text: o["text"] as? String, activity: o["activity"] as? String,
-            etaMs: eta.flatMap { $0 >= 0 ? $0 : nil }, error: error, retryable: (o["retryable"] as? Bool) ?? false)
+            etaMs: eta.flatMap { $0 >= 0 ? $0 : nil }, error: error, retryable: (o["retryable"] as? Bool) ?? false))
     }
 
     /// The last ≤ 3 non-empty lines of a reply, for the preview.

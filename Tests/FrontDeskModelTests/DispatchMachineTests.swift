@@ -230,4 +230,30 @@ struct DispatchMachineTests {
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"maybe"}"#.utf8)) == nil)
         #expect(AgentReply.parse(Data("nope".utf8)) == nil)
     }
+
+    /// What is not a reply gets a dead-letter code (the sender dead-letters it).
+    @Test(arguments: [
+        ("nope", "invalid_json"),
+        ("[1,2]", "invalid_json"),
+        ("\"a string\"", "invalid_json"),
+        (#"{"attempt":1,"kind":"final"}"#, "invalid_request"),
+        (#"{"dispatchId":"d#1","attempt":1,"kind":"final"}"#, "invalid_request"),
+        (#"{"dispatchId":"","attempt":1,"kind":"final"}"#, "invalid_request"),
+        (#"{"dispatchId":7,"attempt":1,"kind":"final"}"#, "invalid_request"),
+        (#"{"dispatchId":"d-1","kind":"final"}"#, "invalid_request"),
+        (#"{"dispatchId":"d-1","attempt":"1","kind":"final"}"#, "invalid_request"),
+        (#"{"dispatchId":"d-1","attempt":0,"kind":"final"}"#, "invalid_request"),
+        (#"{"dispatchId":"d-1","attempt":1}"#, "invalid_request"),
+        (#"{"dispatchId":"d-1","attempt":1,"kind":"maybe"}"#, "invalid_request"),
+        (#"{"dispatchId":"d-1","attempt":1,"kind":"final","text":"ok"}"#, "reply"),
+        (#"{"dispatchId":"d-1","attempt":3,"kind":"accepted","unknown":[1]}"#, "reply"),
+    ])
+    func repliesThatAreNoneSayWhy(_ body: String, _ expected: String) {
+        switch AgentReply.classify(Data(body.utf8)) {
+        case .success: #expect(expected == "reply", "\(body) parsed as a reply")
+        case .failure(let rejection):
+            #expect(rejection.code.rawValue == expected, "\(body)")
+            #expect(rejection.reason.count > 10)
+        }
+    }
 }

@@ -102,6 +102,39 @@ extension BrokerIntegration {
 }
 
 extension BrokerIntegration.SenderTests {
+    @Test func repliesThatAreNoRepliesAreDeadLetteredWithTheReason() async throws {
+        try await withHarness("sender-bad-replies") { h in
+            let sender = try await h.startSender()
+            try await Task.sleep(for: .milliseconds(800))  // the sender consumes the replies queue
+            let bodies = [
+                "{not json", #"{"attempt":1,"kind":"final"}"#, #"{"dispatchId":"r-1","attempt":1,"kind":"maybe"}"#,
+                // A well-formed reply for a dispatch nobody holds: ignored, not dead-lettered.
+                #"{"dispatchId":"nobody","attempt":1,"kind":"final","text":"late"}"#,
+            ]
+            for body in bodies {
+                try await h.channel.publish(
+                    exchange: "", routingKey: "frontdesk.replies", body: Data(body.utf8),
+                    properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: "r-1"))
+            }
+            let dead = try await h.drain("frontdesk.dead")
+            #expect(dead.map { $0.properties.headers?["x-frontdesk-error"]?.stringValue ?? "?" }.sorted()
+                == ["invalid_json", "invalid_request", "invalid_request"])
+            for d in dead {
+                let headers = try #require(d.properties.headers)
+                #expect(headers["x-frontdesk-service"]?.stringValue == "frontdesk-sender")
+                #expect(headers["x-frontdesk-routing-key"]?.stringValue == "frontdesk.replies")
+                #expect((headers["x-frontdesk-reason"]?.stringValue ?? "").count > 10)
+                #expect(d.properties.correlationID == "r-1")
+            }
+            #expect(Set(dead.map { String(decoding: $0.body, as: UTF8.self) }) == Set(bodies.prefix(3)))
+            // Each was acked: with the sender gone, none comes back to the queue.
+            kill(sender.processIdentifier, SIGKILL)
+            sender.waitUntilExit()
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(try await h.channel.queueDeclare("frontdesk.replies", passive: true).messageCount == 0)
+        }
+    }
+
     @Test func cancelOfAParkedDispatchEndsItAtOnce() async throws {
         try await withHarness("sender-cancel-parked") { h in
             try await h.startRouter()
