@@ -25,9 +25,14 @@ set ylabel "latency, ms"
 set logscale y
 set key top left
 set grid
+set y2label "machine busy, % of both cores"
+set y2range [0:100]
+set y2tics 20
 plot "< grep '^pipeline' docs/pipeline.csv | sort -t, -k2 -n" using 2:6 with linespoints lw 2 title "pipeline p50", \
      "< grep '^pipeline' docs/pipeline.csv | sort -t, -k2 -n" using 2:7 with linespoints lw 2 title "pipeline p99", \
      "< grep '^c-relay' docs/pipeline.csv | sort -t, -k2 -n" using 2:6 with linespoints dt 2 title "C relay p50", \
-     "< grep '^c-relay' docs/pipeline.csv | sort -t, -k2 -n" using 2:7 with linespoints dt 2 title "C relay p99"
+     "< grep '^c-relay' docs/pipeline.csv | sort -t, -k2 -n" using 2:7 with linespoints dt 2 title "C relay p99", \
+     "< grep '^pipeline' docs/pipeline.csv | sort -t, -k2 -n" using 2:($9*100) axes x1y2 with lines dt 3 lw 2 title "pipeline: machine busy", \
+     "< grep '^c-relay' docs/pipeline.csv | sort -t, -k2 -n" using 2:($9*100) axes x1y2 with lines dt 3 title "C relay: machine busy"
 PLOT
 echo "bench-plot: wrote docs/pipeline.csv, docs/pipeline-bench.txt, docs/pipeline-latency.svg"
