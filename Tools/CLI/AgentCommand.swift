@@ -2,6 +2,7 @@ import AMQP
 import Foundation
 import FrontDeskModel
 import ServiceKit
+import Synchronization
 
 /// `frontdesk agent --target PROJECT/TARGET`: a reference agent. It streams a
 /// plausible reply in progress steps with an honest ETA (the time its
@@ -80,20 +81,10 @@ func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
     let (queue, channel, replies) = try await serve(target, args, prefetch: 256, name: "instant agent")
     let feed = BatchQueue<AMQPDelivery>()
     _ = try await channel.consume(queue: queue, deliver: { feed.yield($0) }, finished: { _ in feed.finish() })
-    let (windows, window) = AsyncStream<(PublishConfirms, [AMQPDelivery])>.makeStream()
-    let settling = Task {
-        do {
-            for await (confirms, tasks) in windows {
-                for (result, delivery) in zip(try await confirms.results(), tasks) {
-                    try result.get()
-                    try delivery.ack()
-                }
-            }
-        } catch {
-            feed.finish()  // nothing more is answered: the agent exits with the error
-            throw error
-        }
-    }
+    // Each window's tasks are acked where its confirms arrive (the
+    // connection thread), in publish order; the first failure stops answering.
+    let settlement = InOrderSettlement()
+    let failure = Mutex<(any Error)?>(nil)
     while let batch = await feed.next() {
         var messages: [OutboundMessage] = [], answered: [AMQPDelivery] = []
         for delivery in batch {
@@ -112,10 +103,24 @@ func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
                 properties: .persistentJSON(correlationID: task.dispatchId)))
             answered.append(delivery)
         }
-        window.yield((replies.publishWithoutWaiting(messages), answered))
+        let number = settlement.issue()
+        replies.publishWithoutWaiting(messages) { [answered] outcome in
+            settlement.complete(number, .now {
+                guard failure.withLock({ $0 == nil }) else { return }
+                do {
+                    for (result, delivery) in zip(try outcome.get(), answered) {
+                        try result.get()
+                        try delivery.ack()
+                    }
+                } catch {
+                    failure.withLock { $0 = error }
+                    feed.finish()  // nothing more is answered: the agent exits with the error
+                }
+            })
+        }
     }
-    window.finish()
-    try await settling.value
+    await settlement.idle()
+    if let error = failure.withLock({ $0 }) { throw error }
     return 0
 }
 
