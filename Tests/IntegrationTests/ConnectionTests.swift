@@ -70,6 +70,35 @@ extension BrokerIntegration {
             await connection.close()
         }
 
+        @Test(arguments: [false, true])
+        func aBrokerThatFallsSilentIsNoticedByItsMissedHeartbeats(whilePublishing: Bool) async throws {
+            let proxy = try FreezingProxy(upstreamPort: UInt16(TestBroker.url.port))
+            defer { proxy.stop() }
+            var url = TestBroker.url
+            url.port = Int(proxy.port)
+            url.heartbeat = 1
+            let connection = try await AMQPConnection.connect(TestBroker.configuration("silent", url: url))
+            let channel = try await connection.openChannel()
+            try await Task.sleep(for: .seconds(2))
+            #expect(connection.isOpen, "heartbeats pass through the proxy")
+            proxy.freeze()
+            let frozenAt = ContinuousClock.now
+            // Busy or idle, the connection must notice: a steady stream of
+            // commands keeps its thread awake but must not keep it from reading.
+            let publisher = Task {
+                while whilePublishing, !Task.isCancelled {
+                    _ = channel.publishWithoutWaiting([OutboundMessage(exchange: "", routingKey: "nowhere", body: Data("x".utf8))])
+                    try? await Task.sleep(for: .milliseconds(20))
+                }
+            }
+            defer { publisher.cancel() }
+            while connection.isOpen, ContinuousClock.now - frozenAt < .seconds(10) {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(!connection.isOpen, "a silent broker went unnoticed for 10 s")
+            #expect(ContinuousClock.now - frozenAt < .seconds(5))
+        }
+
         @Test func connectionNameIsVisibleToTheBroker() async throws {
             let name = "frontdesk-test:named-\(UUID().uuidString.prefix(6))"
             let connection = try await AMQPConnection.connect(

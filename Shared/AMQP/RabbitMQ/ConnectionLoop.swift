@@ -37,17 +37,22 @@ final class ConnectionLoop {
 
     /// Runs until the connection ends, then fails what is left and frees the handle.
     func run() {
-        // Read only when poll said the socket has something (or rabbitmq-c
-        // holds frames or bytes already): a read on an empty socket costs a
-        // recv that fails and a poll inside rabbitmq-c, on every wake-up.
+        // Read when poll said the socket has something (or rabbitmq-c holds
+        // frames or bytes already): a read on an empty socket costs a recv
+        // that fails and a poll inside rabbitmq-c, on every wake-up. And at
+        // least every 200 ms: a read is where rabbitmq-c notices missed
+        // heartbeats (a broker gone silent without closing the socket).
         var readable = true
+        var lastRead = ContinuousClock.now
         while failure == nil {
             let commands = core.drain()
             for command in commands { command(self) }
             if closeRequested || failure != nil { break }
-            if readable || amqp_frames_enqueued(conn) != 0 || amqp_data_in_buffer(conn) != 0 {
+            let now = ContinuousClock.now
+            if readable || amqp_frames_enqueued(conn) != 0 || amqp_data_in_buffer(conn) != 0 || now - lastRead >= .milliseconds(200) {
                 pumpFrames()
                 readable = false
+                lastRead = now
             }
             if failure != nil { break }
             sendHeartbeatIfDue()
