@@ -16,15 +16,17 @@ mkdir -p docs
 .build/release/pipeline-bench --requests "$requests" --fractions 0.125,0.25,0.5,0.75 --csv docs/pipeline.csv 2>/dev/null \
     | tee docs/pipeline-bench.txt
 gnuplot <<'PLOT'
-set terminal svg size 760,440 dynamic font "sans,12"
+set terminal svg size 760,500 dynamic font "sans,12"
 set output "docs/pipeline-latency.svg"
 set datafile separator ","
 set title "request → replied latency against offered rate (2 cores, broker on the same machine)"
 set xlabel "offered dispatches/s (the rightmost point of each line: as fast as confirms allow)"
 set ylabel "latency, ms"
 set logscale y
-set key top left
+set key below maxrows 3 width -2
 set grid
+set arrow from graph 0, first 20 to graph 1, first 20 nohead dt 4 lc rgb "#cc0000"
+set label "p99 target, 20 ms" at graph 0.01, first 23 tc rgb "#cc0000"
 set y2label "machine busy, % of both cores"
 set y2range [0:100]
 set y2tics 20
