@@ -28,7 +28,7 @@ final class DecisionLog: Sendable {
         /// Tokens appended by this replica and not yet read back: their id and deadline.
         var expected: [String: (id: String, deadline: ContinuousClock.Instant)] = [:]
         /// Read back before its appender started waiting.
-        var arrived: [String: Entry] = [:]
+        var arrived: [String: Result<Entry, any Error>] = [:]
         var waiters: [String: CheckedContinuation<Entry, Error>] = [:]
     }
 
@@ -116,7 +116,7 @@ final class DecisionLog: Sendable {
             guard let expected = s.expected.removeValue(forKey: token) else { return nil }
             let winner = s.first[expected.id] ?? entry
             guard let w = s.waiters.removeValue(forKey: token) else {
-                s.arrived[token] = winner
+                s.arrived[token] = .success(winner)
                 return nil
             }
             return (w, winner)
@@ -152,7 +152,9 @@ final class DecisionLog: Sendable {
                 }
             }
         } catch {
-            for token in tokens { fail(token, error) }
+            state.withLock { s in
+                for token in tokens { s.expected[token] = nil }
+            }
             return tokens.map { _ in .failure(error) }
         }
         var results: [Result<(winner: Entry, token: String), Error>] = []
@@ -180,8 +182,11 @@ final class DecisionLog: Sendable {
     private func fail(_ token: String, _ error: any Error) {
         let waiter = state.withLock { s -> CheckedContinuation<Entry, Error>? in
             guard s.expected.removeValue(forKey: token) != nil else { return nil }
-            s.arrived[token] = nil
-            return s.waiters.removeValue(forKey: token)
+            guard let waiter = s.waiters.removeValue(forKey: token) else {
+                s.arrived[token] = .failure(error)  // for the read-back that has not started waiting
+                return nil
+            }
+            return waiter
         }
         waiter?.resume(throwing: error)
     }
@@ -189,7 +194,7 @@ final class DecisionLog: Sendable {
     private func readBack(_ token: String) async throws -> Entry {
         try await withCheckedThrowingContinuation { (c: CheckedContinuation<Entry, Error>) in
             let ready = state.withLock { s -> Result<Entry, Error>? in
-                if let entry = s.arrived.removeValue(forKey: token) { return .success(entry) }
+                if let outcome = s.arrived.removeValue(forKey: token) { return outcome }
                 guard s.expected[token] != nil else {
                     return .failure(AMQPError(.timeout, "a decision did not come back from the log in time"))
                 }
