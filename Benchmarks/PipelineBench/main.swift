@@ -325,6 +325,10 @@ if let relayMax = ceiling.first?.throughput {
     print(String(format: "ratio pipeline / C relay at the maximum = %.2f (target ≥ 0.60)", pipelineMax / relayMax))
 }
 if let half = pipeline.first(where: { $0.offered.map { abs($0 - pipelineMax / 2) < 1 } ?? false }) {
-    print(String(format: "p99 request → replied at half the maximum (%.0f/s) = %.2f ms (target ≤ 20 ms)", half.offered!, percentile(half.replied, 0.99)))
+    print(String(format: "p99 request → replied at half the maximum (%.0f/s) = %.2f ms (target ≤ 20 ms), both cores %.0f%% busy", half.offered!, percentile(half.replied, 0.99), half.machineBusy * 100))
+    // The ceiling at the same offered rate: what any client doing this broker work gets here.
+    if let relay = ceiling.first(where: { $0.offered == half.offered }) {
+        print(String(format: "  C relay at the same rate: p99 %.2f ms, both cores %.0f%% busy", percentile(relay.replied, 0.99), relay.machineBusy * 100))
+    }
 }
 if !csvPath.isEmpty { try csv.write(toFile: csvPath, atomically: true, encoding: .utf8) }
