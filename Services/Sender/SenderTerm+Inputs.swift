@@ -29,7 +29,10 @@ extension SenderTerm {
                 // A reply for a dispatch this term does not hold (finished, or
                 // a late copy) is ignored: replies may come more than once.
                 if var h = held[reply.dispatchId] {
-                    let actions = h.machine.replyReceived(reply, now: now, jitter: Double.random(in: 0..<1))
+                    // Jitter matters only for a retry, which only an error reply starts
+                    // (a random draw is a getrandom(2) call).
+                    let jitter = reply.kind == .error ? Double.random(in: 0..<1) : 0
+                    let actions = h.machine.replyReceived(reply, now: now, jitter: jitter)
                     held[reply.dispatchId] = h
                     try await execute(actions, id: reply.dispatchId)
                 }
