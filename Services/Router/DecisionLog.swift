@@ -27,7 +27,7 @@ final class DecisionLog: Sendable {
         var first: [String: Entry] = [:]
         /// Tokens appended by this replica and not yet read back: their id and deadline.
         var expected: [String: (id: String, deadline: ContinuousClock.Instant)] = [:]
-        /// Read back before its appender started waiting.
+        /// Read back (or failed) before its appender started waiting.
         var arrived: [String: Result<Entry, any Error>] = [:]
         var waiters: [String: CheckedContinuation<Entry, Error>] = [:]
     }
@@ -59,9 +59,13 @@ final class DecisionLog: Sendable {
             deliver: { [self] delivery in
                 ingest(delivery)
                 // A stream consumer's acks are credit: give it back 100 records at a time.
-                if credit.withLock({ n in n += 1; defer { if n >= 100 { n = 0 } }; return n >= 100 }) {
-                    try? delivery.ack(multiple: true)
+                let due = credit.withLock { n -> Bool in
+                    n += 1
+                    guard n >= 100 else { return false }
+                    n = 0
+                    return true
                 }
+                if due { try? delivery.ack(multiple: true) }
             },
             ended: { endedContinuation.finish() })
         let sweeper = Task {
