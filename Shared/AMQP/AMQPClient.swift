@@ -59,6 +59,11 @@ public final class AMQPClient: Sendable {
         self.onEvent = onEvent
     }
 
+    /// Runs tasks on the current connection's thread (see `ConnectionTaskExecutor`).
+    public var executor: ConnectionTaskExecutor {
+        ConnectionTaskExecutor { [weak self] in self?.state.withLock { $0.live?.connection.core } }
+    }
+
     // MARK: State
 
     public var connectionState: ConnectionState { state.withLock { $0.connectionState } }

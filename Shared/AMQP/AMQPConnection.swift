@@ -72,6 +72,10 @@ public final class AMQPConnection: Sendable {
 
     public var isOpen: Bool { !core.hasEnded }
 
+    /// Runs tasks on this connection's thread (see `ConnectionTaskExecutor`);
+    /// once the connection has ended, on the global pool.
+    public var executor: ConnectionTaskExecutor { ConnectionTaskExecutor { [core] in core } }
+
     /// Why the broker currently blocks publishing (connection.blocked), if it does.
     public var blockedReason: String? { core.blockedReason }
 }
