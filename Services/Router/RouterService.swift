@@ -25,6 +25,12 @@ struct RouterService: Service {
     }
 
     func run() async throws {
+        // The router's tasks run on its connection's thread: a read-back or a
+        // delivery resumes them there, with no thread of the pool to wake.
+        await withTaskExecutorPreference(client.executor) { await runOnConnection() }
+    }
+
+    private func runOnConnection() async {
         await withDiscardingTaskGroup { group in
             group.addTask { await log.follow() }
             // Deliveries go straight from the connection thread into the batch

@@ -128,7 +128,11 @@ final class SenderService: Service {
                 maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds,
                 lifetimeSeconds: configuration.lifetimeSeconds),
             logger: logger, metrics: metrics, statusLog: statusLog)
-        try await term.run(replayedCommands: replayed)
+        // The term's loop runs on its connection's thread: an input or a
+        // confirm resumes it there, with no thread of the pool to wake.
+        try await withTaskExecutorPreference(connection.executor) {
+            try await term.run(replayedCommands: replayed)
+        }
     }
 
     /// How long a new term waits for a dead leader's last events to reach the log.
