@@ -15,7 +15,7 @@ func agentCommand(_ args: Arguments) async throws -> Int32 {
     var failRetryable = try args.int("fail-retryable", default: 0)
     let fail = args.switches.contains("fail"), noEta = args.switches.contains("no-eta")
     if args.switches.contains("instant") { return try await instantAgent(args, target: target) }
-    let (queue, channel, replies) = try await serve(target, args, prefetch: 1, name: "agent")
+    let (queue, channel, replies, _) = try await serve(target, args, prefetch: 1, name: "agent")
     for try await delivery in try await channel.consume(queue: queue) {
         guard let task = try? AgentTask(jsonData: delivery.body) else {
             try delivery.reject(requeue: false)
@@ -78,7 +78,12 @@ func clockTime(in text: String) -> String? {
 /// answered in one window of publishes (prefetch 256), and each task is
 /// acked once its reply is confirmed, while the next window goes out.
 func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
-    let (queue, channel, replies) = try await serve(target, args, prefetch: 256, name: "instant agent")
+    let (queue, channel, replies, executor) = try await serve(target, args, prefetch: 256, name: "instant agent")
+    // Answered on the connection's thread, where the tasks and confirms arrive.
+    return try await withTaskExecutorPreference(executor) { try await answerInstantly(queue, channel, replies) }
+}
+
+private func answerInstantly(_ queue: String, _ channel: AMQPChannel, _ replies: AMQPChannel) async throws -> Int32 {
     let feed = BatchQueue<AMQPDelivery>()
     _ = try await channel.consume(queue: queue, deliver: { feed.yield($0) }, finished: { _ in feed.finish() })
     // Each window's tasks are acked where its confirms arrive (the
@@ -127,7 +132,9 @@ func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
 /// Connects as an agent of `target`: its task queue (declared, so an agent may
 /// start before the sender), a consuming channel with `prefetch`, and a
 /// confirming channel for replies.
-func serve(_ target: String, _ args: Arguments, prefetch: UInt16, name: String) async throws -> (String, AMQPChannel, AMQPChannel) {
+func serve(
+    _ target: String, _ args: Arguments, prefetch: UInt16, name: String
+) async throws -> (queue: String, tasks: AMQPChannel, replies: AMQPChannel, executor: ConnectionTaskExecutor) {
     let queue = "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")
     let connection = try await connect(args, name: "\(name) \(target)")
     let channel = try await connection.openChannel()
@@ -136,5 +143,5 @@ func serve(_ target: String, _ args: Arguments, prefetch: UInt16, name: String) 
     let replies = try await connection.openChannel()
     try await replies.confirmSelect()
     FileHandle.standardError.write(Data("frontdesk \(name): serving \(queue)\n".utf8))
-    return (queue, channel, replies)
+    return (queue, channel, replies, connection.executor)
 }
