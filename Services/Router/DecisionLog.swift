@@ -146,13 +146,13 @@ final class DecisionLog: Sendable {
         // publish that fails fails its waiter at once instead of at the timeout.
         do {
             _ = try await client.publishWithoutWaiting(messages) { [self] outcome in
-                let results: PublishConfirms.Results
                 switch outcome {
-                case .success(let each): results = each
-                case .failure(let error): results = messages.map { _ in .failure(error as? AMQPError ?? AMQPError(.library, "\(error)")) }
-                }
-                for (token, result) in zip(tokens, results) {
-                    if case .failure(let error) = result { fail(token, error) }
+                case .success(let results):
+                    for (token, result) in zip(tokens, results) {
+                        if case .failure(let error) = result { fail(token, error) }
+                    }
+                case .failure(let error):
+                    for token in tokens { fail(token, error) }
                 }
             }
         } catch {

@@ -132,23 +132,24 @@ struct RouterService: Service {
         guard !messages.isEmpty else {
             return settlement.complete(number, settleWork(decided, failed: [:]))
         }
-        do {
-            // The confirms arrive on the connection thread, which settles the
-            // batch there when nothing has to be handed back.
-            _ = try await client.publishWithoutWaiting(messages) { [owners] outcome in
-                var failed: [Int: any Error] = [:]
-                switch outcome {
-                case .success(let results):
-                    for (owner, result) in zip(owners, results) {
-                        if case .failure(let error) = result { failed[owner] = error }
-                    }
-                case .failure(let error):
-                    for owner in owners { failed[owner] = error }
+        // The confirms arrive on the connection thread, which settles the
+        // batch there when nothing has to be handed back.
+        let settle: @Sendable (Result<PublishConfirms.Results, any Error>) -> Void = { [owners] outcome in
+            var failed: [Int: any Error] = [:]
+            switch outcome {
+            case .success(let results):
+                for (owner, result) in zip(owners, results) {
+                    if case .failure(let error) = result { failed[owner] = error }
                 }
-                settlement.complete(number, settleWork(decided, failed: failed))
+            case .failure(let error):
+                for owner in owners { failed[owner] = error }
             }
+            settlement.complete(number, settleWork(decided, failed: failed))
+        }
+        do {
+            _ = try await client.publishWithoutWaiting(messages, then: settle)
         } catch {
-            settlement.complete(number, settleWork(decided, failed: Dictionary(owners.map { ($0, error) }, uniquingKeysWith: { a, _ in a })))
+            settle(.failure(error))
         }
     }
 

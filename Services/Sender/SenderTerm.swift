@@ -42,7 +42,7 @@ final class SenderTerm {
     let logger: Logger
     let metrics: SenderMetrics
     let feed = BatchQueue<Input>()
-    let settler: Settler
+    let settler: WindowSettler
     /// Messages of the inputs handled so far in this batch, published in one
     /// window by `flush()`; the settler acks the leases they settle once
     /// the window is confirmed.
@@ -74,7 +74,7 @@ final class SenderTerm {
         metrics: SenderMetrics, statusLog: StatusLog
     ) {
         self.statusLog = statusLog
-        settler = Settler(statusLog: statusLog) { [feed] in feed.finish() }
+        settler = WindowSettler { [feed] in feed.finish() }
         self.connection = connection
         self.publisher = publisher
         self.table = table
@@ -120,8 +120,11 @@ final class SenderTerm {
         let messages = pendingMessages, acks = pendingAcks
         pendingMessages = []
         pendingAcks = []
-        try await settler.publish(
-            messages, on: publisher, events: messages.filter { $0.exchange == SharedTopology.statusExchange }, acks: acks)
+        // Confirmed events go into the status log before their leases are acked.
+        let events = messages.filter { $0.exchange == SharedTopology.statusExchange }
+        try await settler.publish(messages, on: publisher, acks: acks) { [statusLog] in
+            for m in events { statusLog.note(properties: m.properties, routingKey: m.routingKey) }
+        }
     }
 
     /// Consumes `queue` straight into the term's feed (on the connection

@@ -126,8 +126,9 @@ final class RouterHarness: @unchecked Sendable {
         return await collected.all
     }
 
-    func events() async throws -> [[String: Any]] {
-        try await drain(statusQueue).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+    /// The status events that arrived until none came for `quiet`, decoded.
+    func events(quiet: Duration = .milliseconds(800)) async throws -> [[String: Any]] {
+        try await drain(statusQueue, quiet: quiet).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
     }
 
     func stop() async {

@@ -35,7 +35,7 @@ extension BrokerIntegration {
                 kill(sender.processIdentifier, SIGKILL)
                 try await h.startSender()
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
-                let events = try await h.drain(h.statusQueue, quiet: .seconds(2)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                let events = try await h.events(quiet: .seconds(2))
                 for i in 0..<20 { #expect(states(events, "p-\(i)").last == "replied", "p-\(i)") }
                 #expect(Set(await agent.tasks.all.compactMap { $0.properties.correlationID }).count == 20)
                 await agent.stop()
@@ -55,7 +55,7 @@ extension BrokerIntegration {
                 kill(first.processIdentifier, SIGKILL)
                 await silent.stop()
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
-                let events = try await h.drain(h.statusQueue, quiet: .seconds(3)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                let events = try await h.events(quiet: .seconds(3))
                 let history = states(events, "t-1")
                 #expect(history.first == "drafted" && history.last == "replied")
                 #expect(history.filter { ["replied", "failed", "cancelled"].contains($0) }.count == 1)
@@ -115,7 +115,7 @@ extension BrokerIntegration {
                 ])
                 try await Task.sleep(for: .milliseconds(800))
                 try await h.publish("dispatch.request", #"{"id":"as-1","input":"the agm agenda"}"#)
-                let events = try await h.drain(h.statusQueue, quiet: .seconds(3)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                let events = try await h.events(quiet: .seconds(3))
                 // The accepted reply must not stop the reply timeout.
                 #expect(states(events, "as-1") == ["drafted", "routing", "sending", "sending", "queued", "sending", "sending", "failed"])
                 let failed = events.last { $0["dispatchId"] as? String == "as-1" }
@@ -132,7 +132,7 @@ extension BrokerIntegration {
                 try await Task.sleep(for: .milliseconds(800))
                 let started = Date()
                 try await h.publish("dispatch.request", #"{"id":"ae-1","input":"the agm agenda"}"#)
-                let events = try await h.drain(h.statusQueue, quiet: .seconds(6)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                let events = try await h.events(quiet: .seconds(6))
                 #expect(states(events, "ae-1") == ["drafted", "routing", "sending", "sending", "failed"])
                 expectExpiredOnTime(events, "ae-1", started: started, lifetime: 3)
                 await agent.stop()
@@ -145,7 +145,7 @@ extension BrokerIntegration {
                 try await h.startSender(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
                 let started = Date()
                 try await h.publish("dispatch.request", #"{"id":"e-1","input":"the agm agenda"}"#)
-                let events = try await h.drain(h.statusQueue, quiet: .seconds(6)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                let events = try await h.events(quiet: .seconds(6))
                 #expect(states(events, "e-1") == ["drafted", "routing", "queued", "failed"])
                 expectExpiredOnTime(events, "e-1", started: started, lifetime: 3)
             }
@@ -173,7 +173,7 @@ extension BrokerIntegration.SenderFailureTests {
             try await Task.sleep(for: .milliseconds(700))
             kill(first.processIdentifier, SIGKILL)
             try await h.startSender(extraEnvironment: env)
-            let events = try await h.drain(h.statusQueue, quiet: .seconds(4)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            let events = try await h.events(quiet: .seconds(4))
             #expect(states(events, "rk-1") == ["drafted", "routing", "sending", "queued", "sending", "sending", "sending", "replied"])
             let wait = events.first { $0["state"] as? String == "queued" }
             let retryAt = ((wait?["queue"] as? [String: Any])?["retryAt"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
@@ -206,7 +206,7 @@ extension BrokerIntegration.SenderFailureTests {
             // The services come back by themselves; then an agent appears.
             try await Task.sleep(for: .seconds(3))
             let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
-            events = try await h.drain(h.statusQueue, quiet: .seconds(3)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            events = try await h.events(quiet: .seconds(3))
             for i in 0..<10 { #expect(states(events, "br-\(i)").last == "replied", "br-\(i)") }
             #expect(Set(await agent.tasks.all.compactMap(\.properties.correlationID)).count == 10)
             await agent.stop()
@@ -223,7 +223,7 @@ extension BrokerIntegration.SenderFailureTests {
             try await Task.sleep(for: .milliseconds(800))
             let started = Date()
             try await h.publish("dispatch.request", #"{"id":"rx-1","input":"the agm agenda"}"#)
-            let events = try await h.drain(h.statusQueue, quiet: .seconds(7)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            let events = try await h.events(quiet: .seconds(7))
             #expect(states(events, "rx-1") == ["drafted", "routing", "sending", "queued", "failed"])
             expectExpiredOnTime(events, "rx-1", started: started, lifetime: 4)
             await agent.stop()

@@ -88,7 +88,7 @@ extension BrokerIntegration {
                 try await h.startSender(extraEnvironment: ["FRONTDESK_RETRY_BASE_MS": "200", "FRONTDESK_MAX_ATTEMPTS": "3"])
                 try await Task.sleep(for: .milliseconds(800))
                 try await h.publish("dispatch.request", #"{"id":"r-1","input":"the agm agenda"}"#)
-                let events = try await h.drain(h.statusQueue, quiet: .seconds(2)).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+                let events = try await h.events(quiet: .seconds(2))
                 #expect(history(events, "r-1") == ["drafted", "routing", "sending", "queued", "sending", "queued", "sending", "failed"])
                 let waits = events.filter { $0["state"] as? String == "queued" }
                 #expect(waits.allSatisfy { ($0["queue"] as? [String: Any])?["reason"] as? String == "retry_wait" })

@@ -2,7 +2,6 @@ import AMQP
 import Foundation
 import FrontDeskModel
 import ServiceKit
-import Synchronization
 
 /// `frontdesk agent --target PROJECT/TARGET`: a reference agent. It streams a
 /// plausible reply in progress steps with an honest ETA (the time its
@@ -87,9 +86,9 @@ private func answerInstantly(_ queue: String, _ channel: AMQPChannel, _ replies:
     let feed = BatchQueue<AMQPDelivery>()
     _ = try await channel.consume(queue: queue, deliver: { feed.yield($0) }, finished: { _ in feed.finish() })
     // Each window's tasks are acked where its confirms arrive (the
-    // connection thread), in publish order; the first failure stops answering.
-    let settlement = InOrderSettlement()
-    let failure = Mutex<(any Error)?>(nil)
+    // connection thread), in publish order; the first failure stops answering
+    // and the agent exits with it.
+    let settler = WindowSettler { feed.finish() }
     while let batch = await feed.next() {
         var messages: [OutboundMessage] = [], answered: [AMQPDelivery] = []
         for delivery in batch {
@@ -108,24 +107,9 @@ private func answerInstantly(_ queue: String, _ channel: AMQPChannel, _ replies:
                 properties: .persistentJSON(correlationID: task.dispatchId)))
             answered.append(delivery)
         }
-        let number = settlement.issue()
-        replies.publishWithoutWaiting(messages) { [answered] outcome in
-            settlement.complete(number, .now {
-                guard failure.withLock({ $0 == nil }) else { return }
-                do {
-                    for (result, delivery) in zip(try outcome.get(), answered) {
-                        try result.get()
-                        try delivery.ack()
-                    }
-                } catch {
-                    failure.withLock { $0 = error }
-                    feed.finish()  // nothing more is answered: the agent exits with the error
-                }
-            })
-        }
+        try await settler.publish(messages, on: replies, acks: answered)
     }
-    await settlement.idle()
-    if let error = failure.withLock({ $0 }) { throw error }
+    try await settler.settled()
     return 0
 }
 
