@@ -32,7 +32,17 @@ check() {  # check LABEL EXPECTED ACTUAL
 }
 
 echo "check-deploy: importing deploy/rabbitmq/definitions.json"
-bash scripts/broker.sh ctl import_definitions "$PWD/deploy/rabbitmq/definitions.json" >/dev/null
+# On standard input: the broker's own user reads a path argument, and it
+# cannot read a checkout in a private home folder.
+bash scripts/broker.sh ctl import_definitions < deploy/rabbitmq/definitions.json >/dev/null
+# The import from standard input finishes in the background: wait for its users.
+for _ in $(seq 1 100); do
+    users="$(bash scripts/broker.sh ctl list_users --silent 2>/dev/null | awk '{print $1}')"
+    all=1
+    for role in "${ROLES[@]}"; do grep -qx "$role" <<<"$users" || all=0; done
+    [ "$all" = 1 ] && break
+    sleep 0.1
+done
 declare -A PASSWORD
 for role in "${ROLES[@]}"; do
     PASSWORD[$role]="$(openssl rand -hex 12)"

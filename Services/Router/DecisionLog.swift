@@ -86,7 +86,7 @@ final class DecisionLog: Sendable {
     func pruneExpired(now: UInt64 = UInt64(Date().timeIntervalSince1970)) {
         let window = UInt64(windowSeconds)
         state.withLock { s in
-            s.first = s.first.filter { now <= $0.value.writtenAt + window }
+            s.first = s.first.filter { now.subtractingClamped($0.value.writtenAt) <= window }
         }
     }
 
@@ -112,7 +112,7 @@ final class DecisionLog: Sendable {
         let entry = Entry(id: id, writtenAt: delivery.properties.timestamp ?? 0, body: delivery.body, token: token)
         let now = UInt64(Date().timeIntervalSince1970)
         let waiter = state.withLock { s -> (CheckedContinuation<Entry, Error>, Entry)? in
-            if let written = delivery.properties.timestamp, now > written + UInt64(windowSeconds) {
+            if let written = delivery.properties.timestamp, now.subtractingClamped(written) > UInt64(clamping: windowSeconds) {
                 // Outside the window: it no longer makes a later request a duplicate.
             } else if s.first[id] == nil {
                 s.first[id] = entry

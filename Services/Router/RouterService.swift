@@ -224,14 +224,14 @@ struct RouterService: Service {
                 request, body: delivery.body, resolver: resolver, now: now, lifetimeSeconds: configuration.lifetimeSeconds)
             return decideOrReuse(record, delivery, nil)
         case .cancel(let cancel):
-            return .publish([handOff(delivery, type: "frontdesk.handoff.cancel.v1", id: cancel.id)], counted: .command("cancel"))
+            return .publish([handOff(SenderCommand(cancel))], counted: .command("cancel"))
         case .reroute(let reroute):
             guard resolver.table.target(reroute.route) != nil else {
                 let reason = "the reroute names \(reroute.route.description), which is no target of the routing table"
                 logger.info("dead-lettered", [("code", "unknown_target"), ("reason", .string(reason))])
                 return .publish([deadLetterMessage(delivery, .unknownTarget, reason)], counted: .deadLetter(.unknownTarget))
             }
-            return .publish([handOff(delivery, type: "frontdesk.handoff.reroute.v1", id: reroute.id)], counted: .command("reroute"))
+            return .publish([handOff(SenderCommand(reroute))], counted: .command("reroute"))
         }
     }
 
@@ -273,12 +273,13 @@ struct RouterService: Service {
             properties: .persistentJSON(messageID: event.messageID, correlationID: event.dispatchId, type: StatusEvent.type))
     }
 
-    private func handOff(_ delivery: AMQPDelivery, type: String, id: String) -> OutboundMessage {
-        var properties = delivery.properties
-        properties.type = type
-        properties.correlationID = id
-        properties.deliveryMode = 2
-        return OutboundMessage(exchange: "", routingKey: RouterTopology.senderInbox, body: delivery.body, properties: properties, mandatory: true)
+    /// A validated cancel or reroute for the sender: body and properties
+    /// written here, nothing of the producer's message carried over.
+    private func handOff(_ command: SenderCommand) -> OutboundMessage {
+        OutboundMessage(
+            exchange: "", routingKey: RouterTopology.senderInbox, body: command.jsonData(),
+            properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type),
+            mandatory: true)
     }
 
     private func deadLetterMessage(_ delivery: AMQPDelivery, _ code: DeadLetterCode, _ reason: String) -> OutboundMessage {

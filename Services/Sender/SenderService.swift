@@ -150,7 +150,7 @@ final class SenderService: Service {
         let log = StatusLog()
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: 2000)
-        let since = UInt64(Date().timeIntervalSince1970) - UInt64(configuration.lifetimeSeconds) - 60
+        let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(UInt64(clamping: configuration.lifetimeSeconds) &+ 60)
         let consumer = try await channel.consume(queue: SenderTopology.statusLog, arguments: ["x-stream-offset": .timestamp(since)])
         let lifetime = configuration.lifetimeSeconds
         let reader = Task {
@@ -184,7 +184,7 @@ final class SenderService: Service {
     }
 
     /// Reads the commands stream to its end (marked by a message of our own).
-    private func replayCommands(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> [AMQPDelivery] {
+    private func replayCommands(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> [SenderCommand] {
         let channel = try await connection.openChannel()
         defer { Task { await channel.close() } }
         try await channel.qos(prefetchCount: 1000)
@@ -193,14 +193,15 @@ final class SenderService: Service {
         try await publisher.publish(OutboundMessage(
             exchange: "", routingKey: SenderTopology.commands, body: Data(),
             properties: AMQPProperties(messageID: marker, type: "frontdesk.sender.marker.v1")))
-        var commands: [AMQPDelivery] = []
-        let window = UInt64(configuration.lifetimeSeconds)
+        var commands: [SenderCommand] = []
+        let window = UInt64(clamping: configuration.lifetimeSeconds)
         let now = UInt64(Date().timeIntervalSince1970)
         for try await d in consumer {
             try? d.ack()
             if d.properties.messageID == marker { break }
-            if let written = d.properties.timestamp, now > written + window { continue }
-            if d.properties.type != "frontdesk.sender.marker.v1" { commands.append(d) }
+            // Saturating: a timestamp from the future (however far) is age 0, never a trap.
+            if let written = d.properties.timestamp, now.subtractingClamped(written) > window { continue }
+            if let command = SenderCommand(type: d.properties.type, body: d.body) { commands.append(command) }
         }
         return commands
     }

@@ -29,12 +29,12 @@ extension SenderTerm {
                 metrics.events.increment(event.state.rawValue)
                 if event.state == .queued, event.queue?.reason == "retry_wait" { metrics.retries.increment("retry_wait") }
             case .park:
-                let remainingMs = max(1, Int(h.machine.expiresAtDate.timeIntervalSince(Date()) * 1000))
                 var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(h.machine.lastSeq)", correlationID: id, type: ParkedDispatch.type)
-                properties.expiration = String(remainingMs)
+                properties.expiration = String(SenderTopology.ttlMs(until: h.machine.expiresAtDate, now: Date()))
                 messages.append(OutboundMessage(
                     exchange: "", routingKey: SenderTopology.parkQueue(h.machine.route), body: h.machine.parked.jsonData(),
                     properties: properties, mandatory: true))
+                messages.append(waitingRecord(h.machine.parked))
                 release = true
             case .setTimer(let date):
                 timer = .some(date)
@@ -47,7 +47,7 @@ extension SenderTerm {
         if !release, let retryAt = h.machine.retryAtDate {
             // Back when the retry is due, or when the lifetime ends if that is sooner.
             let wakeAt = min(retryAt, h.machine.expiresAtDate)
-            let (queue, ttl) = SenderTopology.delayQueue(ms: Int((wakeAt.timeIntervalSince(Date()) * 1000).rounded(.up)))
+            let (queue, ttl) = SenderTopology.delayQueue(ms: SenderTopology.ttlMs(until: wakeAt, now: Date()))
             if !delayQueues.contains(queue) {
                 try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
                 delayQueues.insert(queue)
@@ -56,6 +56,7 @@ extension SenderTerm {
                 exchange: "", routingKey: queue, body: h.machine.parked.jsonData(),
                 properties: .persistentJSON(messageID: "\(id)/retry/\(h.machine.attempt)", correlationID: id, type: ParkedDispatch.type),
                 mandatory: true))
+            messages.append(waitingRecord(h.machine.parked))
             release = true
         }
         pendingMessages += messages
@@ -73,7 +74,7 @@ extension SenderTerm {
                     statusLog.prune(olderThan: policy.lifetimeSeconds)
                 }
             }
-            pendingAcks.append(h.lease)
+            if let lease = h.lease { pendingAcks.append(lease) }
             return
         }
         // The timer changes only when the machine says so: an accepted or
@@ -88,6 +89,19 @@ extension SenderTerm {
             let current = held
             timers.compact { e in current[e.key]?.timerGeneration == e.generation }
         }
+    }
+}
+
+extension SenderTerm {
+    /// The dispatch now waits as `copy`: noted at once (a copy it supersedes
+    /// may surface before the confirm), and recorded in the status log for
+    /// later leaders, so that a cancel or reroute acts on it without the copy.
+    func waitingRecord(_ copy: ParkedDispatch) -> OutboundMessage {
+        statusLog.noteWaiting(copy)
+        let id = copy.record.id
+        return OutboundMessage(
+            exchange: "", routingKey: SenderTopology.statusLog, body: copy.jsonData(),
+            properties: .persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType))
     }
 }
 

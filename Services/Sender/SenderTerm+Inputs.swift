@@ -12,7 +12,7 @@ extension SenderTerm {
         case .inbox(let d):
             switch d.properties.type {
             case DispatchRecord.handoffType: try await handOff(d, now: now)
-            case "frontdesk.handoff.cancel.v1", "frontdesk.handoff.reroute.v1": try await command(d, now: now)
+            case SenderCommand.cancelType, SenderCommand.rerouteType: try await command(d, now: now)
             default:
                 logger.warning("unknown message in the sender inbox", [("type", .string(d.properties.type ?? "none"))])
                 try d.ack()
@@ -24,7 +24,7 @@ extension SenderTerm {
         case .retryDue(let d):
             try await retryDue(d, now: now)
         case .reply(let d):
-            switch AgentReply.classify(d.body) {
+            switch AgentReply.classify(type: d.properties.type, body: d.body) {
             case .success(let reply):
                 // A reply for a dispatch this term does not hold (finished, or
                 // a late copy) is ignored: replies may come more than once.
@@ -58,7 +58,8 @@ extension SenderTerm {
     /// and for a lease handed back by a dead leader a margin above anything
     /// it may have published that the log has not shown yet.
     private func seqFloor(_ d: AMQPDelivery, base: Int, id: String) -> Int {
-        let count = Int(d.properties.headers?["x-delivery-count"]?.intValue ?? (d.redelivered ? 1 : 0))
+        // Clamped: a header value, however large, must not overflow the seq.
+        let count = min(max(Int(d.properties.headers?["x-delivery-count"]?.intValue ?? (d.redelivered ? 1 : 0)), 0), 1000)
         return max(base, Int(statusLog[id]?.lastSeq ?? 0)) + count * 1000
     }
 
@@ -85,12 +86,12 @@ extension SenderTerm {
         }
         statusLog.markAccepted(record.id)
         metrics.dispatches.increment("received")
-        if let reason = pendingCancels[record.id] {
+        if let reason = pendingCommands.cancelReason(record.id) {
             let actions = machine.cancelRequested(reason: reason, now: now)
             held[record.id] = Held(machine: machine, lease: d)
             return try await execute(actions, id: record.id)
         }
-        if let route = pendingReroutes.removeValue(forKey: record.id), let parts = table.eventParts(route) {
+        if let route = pendingCommands.takeReroute(record.id), let parts = table.eventParts(route) {
             _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
         }
         // First in, first out: while older dispatches wait in the park queue, a new one waits too.
@@ -106,8 +107,10 @@ extension SenderTerm {
             var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
         else { return try d.ack() }
         let id = parked.record.id
-        guard held[id] == nil, !alreadyEnded(id) else { return try d.ack() }  // a second copy
-        if let reason = pendingCancels[id] {
+        guard held[id] == nil, !alreadyEnded(id), !statusLog.superseded(id, copySeq: parked.lastSeq) else {
+            return try d.ack()  // a second copy, or one superseded by a reroute or a newer wait
+        }
+        if let reason = pendingCommands.cancelReason(id) {
             let actions = machine.cancelRequested(reason: reason, now: now)
             held[id] = Held(machine: machine, lease: d)
             return try await execute(actions, id: id)
@@ -116,7 +119,7 @@ extension SenderTerm {
             // The agent left again: back to the head of the park queue.
             return try d.nack(requeue: true)
         }
-        if let to = pendingReroutes.removeValue(forKey: id), let parts = table.eventParts(to) {
+        if let to = pendingCommands.takeReroute(id), let parts = table.eventParts(to) {
             // Rerouted while parked: take it to the new target instead.
             _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
             let actions = machine.received(now: now, targetOnline: online(to) && (presence[to]?.parked ?? 0) == 0)
@@ -152,78 +155,71 @@ extension SenderTerm {
             var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
         else { return try d.ack() }
         let id = parked.record.id
-        guard held[id] == nil, !alreadyEnded(id) else { return try d.ack() }  // a second copy
-        let actions = pendingCancels[id].map { machine.cancelRequested(reason: $0, now: now) } ?? due(&machine)
+        guard held[id] == nil, !alreadyEnded(id), !statusLog.superseded(id, copySeq: parked.lastSeq) else {
+            return try d.ack()  // a second copy, or one superseded
+        }
+        let actions = pendingCommands.cancelReason(id).map { machine.cancelRequested(reason: $0, now: now) } ?? due(&machine)
         held[id] = Held(machine: machine, lease: d)
         try await execute(actions, id: id)
     }
 
-    /// A cancel or reroute: applied to a held dispatch at once; otherwise
-    /// remembered (in the commands stream, for later leaders too).
+    /// A cancel or reroute, applied at once wherever the dispatch is: held
+    /// (in flight), or waiting in a park or delay queue (from the copy the
+    /// log keeps: its message there is dropped when it surfaces, under any
+    /// leader). For a dispatch not seen yet it is remembered, here and in
+    /// the commands stream for later leaders. No scan, no round trip: the
+    /// command is acked once what it caused is confirmed.
     private func command(_ d: AMQPDelivery, now: Date) async throws {
-        guard let o = (try? JSONSerialization.jsonObject(with: d.body)) as? [String: Any], let id = o["id"] as? String else {
+        guard let command = SenderCommand(type: d.properties.type, body: d.body) else {
+            logger.warning("unreadable command dropped", [("message_id", .string(d.properties.messageID ?? ""))])
             return try d.ack()
         }
-        let isCancel = d.properties.type == "frontdesk.handoff.cancel.v1"
-        if isCancel, var h = held[id] {
-            let actions = h.machine.cancelRequested(reason: (o["reason"] as? String) ?? "user", now: now)
-            held[id] = h
-            try await execute(actions, id: id)
-            metrics.commands.increment("cancel")
-            return pendingAcks.append(d)
-        }
-        if !isCancel, var h = held[id], let p = o["project"] as? String, let t = o["target"] as? String,
-            let parts = table.eventParts(.init(project: p, target: t))
+        let id = command.id
+        defer { pendingAcks.append(d) }
+        if alreadyEnded(id) { return }
+        if held[id] == nil, let copy = statusLog.waiting(id),
+            let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: Int(statusLog[id]?.lastSeq ?? 0))
         {
-            let route = RoutingTable.Route(project: p, target: t)
-            let outcome = h.machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: online(route))
-            held[id] = h
-            if case .moved(let actions) = outcome { try await execute(actions, id: id) }
-            return pendingAcks.append(d)
+            // Held from here on without a lease of its own: the copy in the
+            // broker is settled when it surfaces.
+            held[id] = Held(machine: machine, lease: nil)
         }
-        // Not held: if it waits in the park queue of a target without agents,
-        // act on it now; else remember it for when the dispatch shows up.
-        if let found = try await findParked(id) {
-            let (lease, parked, channel) = found
-            defer { Task { await channel.close() } }
-            if var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(lease, base: parked.lastSeq, id: id)) {
-                var actions: [DispatchMachine.Action] = []
-                if isCancel {
-                    actions = machine.cancelRequested(reason: (o["reason"] as? String) ?? "user", now: now)
-                    metrics.commands.increment("cancel")
-                } else if let p = o["project"] as? String, let t = o["target"] as? String,
-                    let parts = table.eventParts(.init(project: p, target: t)),
-                    case .moved(let moved) = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
-                {
-                    // Parked anew at the new target; presence takes it from there.
-                    actions = moved
-                    metrics.commands.increment("reroute")
-                }
-                if !actions.isEmpty {
-                    held[id] = Held(machine: machine, lease: lease)
-                    try await execute(actions, id: id)
-                    // The lease lives on the scan channel: settle it before that closes.
-                    try await flush()
-                    try await settler.settled()
-                    if !isCancel { return try d.ack() }
-                } else {
-                    try lease.nack(requeue: true)
-                }
+        guard var h = held[id] else { return remember(command, persist: true) }
+        var actions: [DispatchMachine.Action] = []
+        switch command {
+        case .cancel(_, let reason):
+            actions = h.machine.cancelRequested(reason: reason, now: now)
+            metrics.commands.increment("cancel")
+        case .reroute(_, let route):
+            // Parked at the new target even when it is online: its park
+            // consumer takes it at once, and no task leaves before the new
+            // copy is in the broker.
+            if let parts = table.eventParts(route),
+                case .moved(let moved) = h.machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
+            {
+                actions = moved
+                metrics.commands.increment("reroute")
             }
         }
-        try await remember(d)
-        var properties = d.properties
-        properties.correlationID = id
-        try await publisher.publish(OutboundMessage(exchange: "", routingKey: SenderTopology.commands, body: d.body, properties: properties))
-        try d.ack()
+        held[id] = h
+        if actions.isEmpty, h.lease == nil { return held[id] = nil }
+        try await execute(actions, id: id)
     }
 
-    func remember(_ d: AMQPDelivery) async throws {
-        guard let o = (try? JSONSerialization.jsonObject(with: d.body)) as? [String: Any], let id = o["id"] as? String else { return }
-        if d.properties.type == "frontdesk.handoff.cancel.v1" {
-            pendingCancels[id] = (o["reason"] as? String) ?? "user"
-        } else if let p = o["project"] as? String, let t = o["target"] as? String {
-            pendingReroutes[id] = .init(project: p, target: t)
+    /// Keeps a command for a dispatch not seen yet; `persist` also appends
+    /// it to the commands stream (confirmed with the batch), for later leaders.
+    func remember(_ command: SenderCommand, persist: Bool) {
+        if pendingCommands.count >= Self.maxPendingCommands {
+            pendingCommands.prune(olderThan: policy.lifetimeSeconds, now: Date())
         }
+        guard pendingCommands.count < Self.maxPendingCommands else {
+            metrics.commands.increment("dropped")
+            return logger.warning("too many commands for unknown dispatches; one dropped", [("dispatch_id", .string(command.id))])
+        }
+        pendingCommands.add(command, at: Date())
+        guard persist else { return }
+        pendingMessages.append(OutboundMessage(
+            exchange: "", routingKey: SenderTopology.commands, body: command.jsonData(),
+            properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)))
     }
 }

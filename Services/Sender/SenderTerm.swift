@@ -25,7 +25,10 @@ final class SenderTerm {
     /// `timers` is current (an older one is ignored when it comes due).
     struct Held {
         var machine: DispatchMachine
-        let lease: AMQPDelivery
+        /// Nil for a dispatch taken up from the copy the log keeps (a cancel
+        /// or reroute while it waits): its message in the broker is dropped
+        /// when it surfaces.
+        let lease: AMQPDelivery?
         /// Bumped whenever the machine sets or clears the timer: only an
         /// entry of the current generation fires.
         var timerGeneration = 0
@@ -57,8 +60,10 @@ final class SenderTerm {
     var finishedSincePrune = 0
     /// Delay queues declared in this term.
     var delayQueues: Set<String> = []
-    var pendingCancels: [String: String] = [:]
-    var pendingReroutes: [String: RoutingTable.Route] = [:]
+    var pendingCommands = PendingCommands()
+    /// At most this many commands for dispatches not seen yet are kept (a
+    /// flood of cancels for unknown ids must not grow memory without bound).
+    static let maxPendingCommands = 100_000
     var presence: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
     var parkConsumers: [RoutingTable.Route: AMQPConsumer] = [:]
     var forwarders: [Task<Void, Never>] = []
@@ -86,8 +91,8 @@ final class SenderTerm {
     func online(_ r: RoutingTable.Route) -> Bool { (presence[r]?.consumers ?? 0) > 0 }
 
     /// Runs the term until its connection fails or `stop` is set.
-    func run(replayedCommands: [AMQPDelivery]) async throws {
-        for c in replayedCommands { try await remember(c) }
+    func run(replayedCommands: [SenderCommand]) async throws {
+        for c in replayedCommands { remember(c, persist: false) }
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.
         let presenceChannel = try await connection.openChannel()

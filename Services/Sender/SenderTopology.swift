@@ -1,3 +1,4 @@
+import Foundation
 import AMQP
 import FrontDeskModel
 import ServiceKit
@@ -18,11 +19,24 @@ enum SenderTopology {
     /// Delays are rounded up to this step: a retry is never early and at most this late.
     static let delayStepMs = 500
 
+    /// The largest TTL the broker accepts, per message or per queue: 2^32 − 1 ms.
+    static let maxTTLMs = 4_294_967_295
+
+    /// Milliseconds from `now` until `date`, rounded up and clamped to
+    /// 1…`maxTTLMs`: whatever the dates (a far-future lifetime, NaN), the
+    /// broker gets a TTL it accepts and nothing traps.
+    static func ttlMs(until date: Date, now: Date) -> Int {
+        let ms = (date.timeIntervalSince(now) * 1000).rounded(.up)
+        guard ms.isFinite else { return ms > 0 ? maxTTLMs : 1 }
+        return Int(min(max(ms, 1), Double(maxTTLMs)))
+    }
+
     /// The delay queue for a wait of `ms` (rounded up to the step): every
     /// message in it has the same TTL, so none waits behind a longer one.
     static func delayQueue(ms: Int) -> (name: String, ttlMs: Int) {
         let step = delayStepMs
-        let ttl = max(step, (ms + step - 1) / step * step)
+        let clamped = min(max(ms, 1), maxTTLMs / step * step)
+        let ttl = max(step, (clamped + step - 1) / step * step)
         return ("frontdesk.sender.delay.\(ttl)", ttl)
     }
 

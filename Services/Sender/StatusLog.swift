@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import FrontDeskModel
 import Synchronization
 
 /// What is known of each dispatch within the lifetime window: its highest
@@ -24,12 +25,20 @@ final class StatusLog: Sendable {
         var accepted = false
         /// This term finished it (its terminal event may still await its confirm).
         var finished = false
+        /// The seq of the dispatch's current waiting copy (park or delay
+        /// queue): a copy that surfaces with a lower seq was superseded (by a
+        /// reroute, or a newer wait) and is dropped.
+        var copySeq: Int32 = 0
 
         var ended: Bool { terminal || finished }
     }
 
     private struct State {
         var entries: [String: Entry] = [:]
+        /// The current waiting copy of each dispatch that waits, not ended:
+        /// what a cancel or reroute needs to act at once, without the copy
+        /// that sits in a park or delay queue.
+        var waiting: [String: ParkedDispatch] = [:]
         var markers: [String: CheckedContinuation<Void, Never>] = [:]
         var arrivedMarkers: Set<String> = []
     }
@@ -50,7 +59,38 @@ final class StatusLog: Sendable {
         }
     }
 
+    /// The type of a waiting record in the log: the body of a copy just parked or delayed.
+    static let waitingType = "frontdesk.sender.waiting.v1"
+
+    /// The waiting copy of a dispatch that is not ended, as last parked or delayed.
+    func waiting(_ id: String) -> ParkedDispatch? { state.withLock { $0.waiting[id] } }
+
+    /// True when a copy with this seq is not the dispatch's current one.
+    func superseded(_ id: String, copySeq: Int) -> Bool {
+        Int32(clamping: copySeq) < (self[id]?.copySeq ?? 0)
+    }
+
+    /// The dispatch now waits as `copy` (noted by the leader as it publishes
+    /// the copy, and read back from the log at takeover).
+    func noteWaiting(_ copy: ParkedDispatch) {
+        let id = copy.record.id
+        let seq = Int32(clamping: copy.lastSeq)
+        let now = Self.now
+        state.withLock { s in
+            var e = s.entries[id] ?? Entry()
+            e.seenAt = now
+            guard !e.ended, seq >= e.copySeq else { return s.entries[id] = e }
+            e.copySeq = seq
+            s.entries[id] = e
+            s.waiting[id] = copy
+        }
+    }
+
     func ingest(_ d: AMQPDelivery) {
+        if d.properties.type == Self.waitingType {
+            if let copy = try? ParkedDispatch(jsonData: d.body) { noteWaiting(copy) }
+            return
+        }
         if d.properties.type == "frontdesk.sender.marker.v1", let marker = d.properties.messageID {
             let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
                 if let w = s.markers.removeValue(forKey: marker) { return w }
@@ -76,11 +116,15 @@ final class StatusLog: Sendable {
             e.lastSeq = max(e.lastSeq, Int32(clamping: seq))
             e.terminal = e.terminal || terminal
         }
+        if terminal { state.withLock { _ = $0.waiting.removeValue(forKey: id) } }
     }
 
     func markAccepted(_ id: String) { update(id) { $0.accepted = true } }
 
-    func markFinished(_ id: String) { update(id) { $0.finished = true } }
+    func markFinished(_ id: String) {
+        update(id) { $0.finished = true }
+        state.withLock { _ = $0.waiting.removeValue(forKey: id) }
+    }
 
     /// Waits until the marker published with this id has been read.
     func waitFor(marker: String) async {
@@ -97,6 +141,9 @@ final class StatusLog: Sendable {
     /// Forgets dispatches not heard of for `seconds`.
     func prune(olderThan seconds: Int) {
         let horizon = Self.now &- UInt32(clamping: seconds)
-        state.withLock { s in s.entries = s.entries.filter { $0.value.seenAt > horizon } }
+        state.withLock { s in
+            s.entries = s.entries.filter { $0.value.seenAt > horizon }
+            s.waiting = s.waiting.filter { s.entries[$0.key] != nil }
+        }
     }
 }

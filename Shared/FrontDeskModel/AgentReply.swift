@@ -37,16 +37,46 @@ public struct AgentReply: Sendable, Equatable {
     /// Parses a reply body; nil for anything that is not one.
     public static func parse(_ body: Data) -> AgentReply? { try? classify(body).get() }
 
+    /// The largest reply body read: a reply is shown on a phone, and the
+    /// whole text rides in every event of the dispatch.
+    public static let maxBodyBytes = 256 * 1024
+    /// Attempts past this are no attempt the sender makes.
+    static let maxAttempt = 1_000_000
+    /// An ETA past a day is no honest ETA; it is dropped, not shown.
+    static let maxEtaMs = 86_400_000
+
+    /// Parses a reply message by its AMQP `type` and body, or says why it is
+    /// none: like every message the services consume, a `type` that is set
+    /// must end in `.v1`.
+    public static func classify(type: String?, body: Data) -> Result<AgentReply, Rejection> {
+        if let type, !type.hasSuffix(".v1") {
+            return .failure(Rejection(code: .unsupportedVersion, reason: "reply type '\(type.prefix(100))' is not a .v1 type"))
+        }
+        return classify(body)
+    }
+
+    /// An integer JSON number within `range`, else nil (never traps: a
+    /// number too large for Int, or a fraction, is simply no such integer).
+    private static func integer(_ value: Any?, in range: ClosedRange<Int>) -> Int? {
+        guard let n = value as? NSNumber else { return nil }
+        let d = n.doubleValue
+        guard d.isFinite, d.rounded() == d, d >= Double(range.lowerBound), d <= Double(range.upperBound) else { return nil }
+        return Int(d)
+    }
+
     /// Parses a reply body, or says why it is none.
     public static func classify(_ body: Data) -> Result<AgentReply, Rejection> {
         func invalid(_ reason: String) -> Result<AgentReply, Rejection> { .failure(Rejection(code: .invalidRequest, reason: reason)) }
+        if body.count > maxBodyBytes {
+            return .failure(Rejection(code: .tooLarge, reason: "the reply is \(body.count) bytes; the limit is \(maxBodyBytes)"))
+        }
         guard let o = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] else {
             return .failure(Rejection(code: .invalidJSON, reason: "the reply is not a JSON object"))
         }
         guard let id = o["dispatchId"] as? String, Identifiers.isValidDispatchID(id) else {
             return invalid("the reply has no valid dispatchId (1–128 of A–Z a–z 0–9 . _ : -)")
         }
-        guard let attempt = (o["attempt"] as? NSNumber)?.intValue, attempt >= 1 else {
+        guard let attempt = integer(o["attempt"], in: 1...maxAttempt) else {
             return invalid("the reply's attempt must be a number from 1")
         }
         guard let kindText = o["kind"] as? String, let kind = Kind(rawValue: kindText) else {
@@ -56,10 +86,10 @@ public struct AgentReply: Sendable, Equatable {
         if let e = o["error"] as? [String: Any] {
             error = .init(code: (e["code"] as? String) ?? "agent_error", message: (e["message"] as? String) ?? "")
         }
-        let eta = (o["etaMs"] as? NSNumber)?.intValue
+        let eta = integer(o["etaMs"], in: 0...maxEtaMs)
         return .success(AgentReply(
             dispatchId: id, attempt: attempt, kind: kind, text: o["text"] as? String, activity: o["activity"] as? String,
-            etaMs: eta.flatMap { $0 >= 0 ? $0 : nil }, error: error, retryable: (o["retryable"] as? Bool) ?? false))
+            etaMs: eta, error: error, retryable: (o["retryable"] as? Bool) ?? false))
     }
 
     /// The last ≤ 3 non-empty lines of a reply, for the preview.

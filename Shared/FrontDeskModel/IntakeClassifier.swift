@@ -48,6 +48,8 @@ public enum IntakeMessage: Sendable, Equatable {
 public enum IntakeClassifier {
     public static let maxBodyBytes = 64 * 1024
     public static let maxInputScalars = 4000
+    /// A cancel's reason is shown to the user: a line, not a document.
+    public static let maxReasonScalars = 500
 
     public static func classify(routingKey: String, type: String?, body: Data) -> IntakeMessage {
         if body.count > maxBodyBytes {
@@ -122,6 +124,9 @@ public enum IntakeClassifier {
     private static func cancel(id: String, _ object: [String: Any]) -> IntakeMessage {
         let (reason, problem) = optionalString(object, "reason")
         if let problem { return .reject(code: .invalidRequest, reason: problem, failedID: nil, input: nil) }
+        if let reason, reason.unicodeScalars.count > maxReasonScalars {
+            return .reject(code: .invalidRequest, reason: "'reason' must be at most \(maxReasonScalars) characters", failedID: nil, input: nil)
+        }
         return .cancel(CancelCommand(id: id, reason: reason ?? "user"))
     }
 

@@ -7,7 +7,9 @@ public enum RouterDecision {
     public static func decide(
         _ request: DispatchRequest, body: Data, resolver: RouteResolver, now: Date, lifetimeSeconds: Int
     ) -> DispatchRecord {
-        let started = request.createdAt ?? now
+        // A phone's clock may run ahead: a createdAt later than intake counts
+        // as intake time, so no dispatch outlives intake + lifetime.
+        let started = min(request.createdAt ?? now, now)
         let expires = started.addingTimeInterval(TimeInterval(lifetimeSeconds))
         var record = DispatchRecord(
             id: request.id, bodyFingerprint: DispatchRecord.fingerprint(body), outcome: .routed,

@@ -16,17 +16,29 @@ public enum SharedTopology {
         try await channel.queueBind(deadLetterQueue, exchange: deadLetterExchange, routingKey: "")
     }
 
-    /// A dead letter of `delivery`: its body and properties, plus the four
-    /// headers of CONTRACT.md (code, reason, service, routing key).
+    /// A dead letter of `delivery`: its body, exactly the properties that
+    /// CONTRACT.md keeps (content_type, type, message_id, correlation_id,
+    /// timestamp, headers less `CC` and `BCC`), plus the four headers of
+    /// code, reason, service and routing key. Nothing else of the incoming
+    /// message (user_id, expiration, reply_to, priority, …) is carried over:
+    /// the broker would refuse another user's `user_id`, and act on `CC`.
     public static func deadLetter(_ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String) -> OutboundMessage {
-        var properties = delivery.properties
-        var headers = properties.headers ?? FieldTable()
+        let incoming = delivery.properties
+        var headers = FieldTable()
+        for (key, value) in incoming.headers ?? FieldTable() where !routingHeaders.contains(key.uppercased()) {
+            headers[key] = value
+        }
         headers["x-frontdesk-error"] = .string(code.rawValue)
         headers["x-frontdesk-reason"] = .string(reason)
         headers["x-frontdesk-service"] = .string(service)
         headers["x-frontdesk-routing-key"] = .string(delivery.routingKey)
-        properties.headers = headers
-        properties.deliveryMode = 2
+        let properties = AMQPProperties(
+            contentType: incoming.contentType, headers: headers, deliveryMode: 2, correlationID: incoming.correlationID,
+            messageID: incoming.messageID, timestamp: incoming.timestamp, type: incoming.type)
         return OutboundMessage(exchange: deadLetterExchange, routingKey: delivery.routingKey, body: delivery.body, properties: properties)
     }
+
+    /// Headers the broker itself acts on when routing (sender-selected
+    /// distribution): never carried into a message the services publish.
+    static let routingHeaders: Set<String> = ["CC", "BCC"]
 }

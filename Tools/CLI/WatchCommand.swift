@@ -10,11 +10,11 @@ func watchCommand(_ args: Arguments) async throws -> Int32 {
     let pattern = TopicPattern(args.positionals.first ?? "status.#")
     let format = args.options["format"] ?? (args.switches.contains("json") || !stdoutIsTerminal ? "json" : "lines")
     guard ["json", "lines", "apns"].contains(format) else { throw CLIUsageError("--format takes json, lines or apns") }
-    let lifetime = UInt64(try args.int("lifetime-s", default: 14_400))
+    let lifetime = UInt64(clamping: try args.int("lifetime-s", default: 14_400))
     let connection = try await connect(args, name: "watch")
     let channel = try await connection.openChannel()
     try await channel.qos(prefetchCount: 500)
-    let since = UInt64(Date().timeIntervalSince1970) - lifetime
+    let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(lifetime)
     let consumer: AMQPConsumer
     do {
         consumer = try await channel.consume(queue: "frontdesk.status.log", arguments: ["x-stream-offset": .timestamp(since)])
@@ -24,7 +24,8 @@ func watchCommand(_ args: Arguments) async throws -> Int32 {
     var states: [String: LiveActivityState] = [:]
     for try await d in consumer {
         try? d.ack()
-        guard pattern.matches(d.routingKey), let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body) else { continue }
+        // The log also holds the sender's own records (markers, waiting dispatches): status events only.
+        guard d.properties.type == StatusEvent.type, pattern.matches(d.routingKey), let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body) else { continue }
         guard states[event.dispatchId, default: LiveActivityState()].apply(event) else { continue }
         guard let view = states[event.dispatchId]?.view(now: Date()) else { continue }
         switch format {

@@ -10,12 +10,19 @@ text=${1:?usage: publish.sh "text" [COUNT]}
 count=${2:-1}
 url=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 command -v amqp-publish >/dev/null || { echo "publish.sh: amqp-publish is missing (apt-get install amqp-tools)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "publish.sh: python3 is missing (it encodes the JSON body)" >&2; exit 1; }
 prefix="sh-$(date +%s)-$$"
-escaped=$(printf '%s' "$text" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g')
+# The body, encoded by a JSON encoder: any text (quotes, backslashes,
+# newlines, control characters) arrives unchanged.
+body() {
+  ID="$1" TEXT="$text" python3 -c 'import json, os, datetime
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+print(json.dumps({"id": os.environ["ID"], "input": os.environ["TEXT"], "createdAt": now}, ensure_ascii=False))'
+}
 for n in $(seq 1 "$count"); do
   id="$prefix-$n"
   amqp-publish --url="$url" --exchange=frontdesk.commands --routing-key=dispatch.request \
     --content-type=application/json --persistent \
-    --body="{\"id\":\"$id\",\"input\":\"$escaped\",\"createdAt\":\"$(date -u +%Y-%m-%dT%H:%M:%S.000Z)\"}"
+    --body="$(body "$id")"
   echo "$id"
 done
