@@ -8,6 +8,7 @@ struct SenderMetrics: Sendable {
     let retries: Counter
     let commands: Counter
     let parked: Gauge
+    let agents: Gauge
     let leader: Gauge
     let replyTime: Histogram
     let deadLetters: Counter
@@ -19,6 +20,7 @@ struct SenderMetrics: Sendable {
         retries = registry.counter("frontdesk_sender_retries_total", "retries, by reason", labels: ["reason"])
         commands = registry.counter("frontdesk_sender_commands_total", "cancels and reroutes applied", labels: ["kind"])
         parked = registry.gauge("frontdesk_sender_parked", "dispatches parked, per target", labels: ["target"])
+        agents = registry.gauge("frontdesk_sender_agents", "agents consuming, per target, as the leader last saw them", labels: ["target"])
         leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads")
         deadLetters = registry.counter("frontdesk_sender_dead_letters_total", "agent replies dead-lettered, by code", labels: ["code"])
         replyTime = registry.histogram(

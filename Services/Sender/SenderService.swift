@@ -168,7 +168,7 @@ final class SenderService: Service {
             let marker = "marker-\(UUID().uuidString)"
             try await publisher.publish(OutboundMessage(
                 exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
-                properties: AMQPProperties(messageID: marker, type: "frontdesk.sender.marker.v1")))
+                properties: AMQPProperties(messageID: marker, type: StatusLog.markerType)))
             await log.waitFor(marker: marker)
         }
         try await readToMarker()
@@ -192,7 +192,7 @@ final class SenderService: Service {
         let marker = "marker-\(UUID().uuidString)"
         try await publisher.publish(OutboundMessage(
             exchange: "", routingKey: SenderTopology.commands, body: Data(),
-            properties: AMQPProperties(messageID: marker, type: "frontdesk.sender.marker.v1")))
+            properties: AMQPProperties(messageID: marker, type: StatusLog.markerType)))
         var commands: [SenderCommand] = []
         let window = UInt64(clamping: configuration.lifetimeSeconds)
         let now = UInt64(Date().timeIntervalSince1970)

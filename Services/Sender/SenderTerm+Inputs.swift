@@ -82,6 +82,7 @@ extension SenderTerm {
             d.redelivered || !publishedBefore
         else {
             logger.info("duplicate hand-off dropped", [("dispatch_id", .string(record.id))])
+            metrics.dispatches.increment("duplicate")
             return try d.ack()
         }
         statusLog.markAccepted(record.id)
@@ -218,6 +219,7 @@ extension SenderTerm {
         }
         pendingCommands.add(command, at: Date())
         guard persist else { return }
+        metrics.commands.increment("remembered")
         pendingMessages.append(OutboundMessage(
             exchange: "", routingKey: SenderTopology.commands, body: command.jsonData(),
             properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)))

@@ -36,6 +36,7 @@ extension SenderTerm {
             let wasOnline = (before[route]?.consumers ?? 0) > 0
             let isOnline = now_.consumers > 0
             metrics.parked.set(Double(now_.parked), route.description)
+            metrics.agents.set(Double(now_.consumers), route.description)
             if isOnline, now_.parked > 0, parkConsumers[route] == nil {
                 let channel = try await connection.openChannel()
                 try await channel.qos(prefetchCount: 200)

@@ -50,7 +50,7 @@ enum SenderTopology {
 
     /// Every status event, kept for a day: how a new leader learns what was
     /// published before it (and what `frontdesk watch` can replay).
-    static let statusLog = "frontdesk.status.log"
+    static let statusLog = StatusLog.stream
 
     /// Cancels and reroutes for dispatches this sender does not hold yet. A stream, replayed by each new leader.
     static let commands = "frontdesk.sender.commands"

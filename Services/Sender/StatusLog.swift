@@ -59,6 +59,12 @@ final class StatusLog: Sendable {
         }
     }
 
+    /// The stream this log is read from.
+    static let stream = "frontdesk.status.log"
+
+    /// A marker a new leader writes to know where the log ends.
+    static let markerType = "frontdesk.sender.marker.v1"
+
     /// The type of a waiting record in the log: the body of a copy just parked or delayed.
     static let waitingType = "frontdesk.sender.waiting.v1"
 
@@ -87,11 +93,14 @@ final class StatusLog: Sendable {
     }
 
     func ingest(_ d: AMQPDelivery) {
-        if d.properties.type == Self.waitingType {
+        // Waiting records and markers are published straight to the stream
+        // (routing key = its name); anything routed in from the status
+        // exchange is a status event, whatever its type says.
+        if d.properties.type == Self.waitingType, d.routingKey == Self.stream {
             if let copy = try? ParkedDispatch(jsonData: d.body) { noteWaiting(copy) }
             return
         }
-        if d.properties.type == "frontdesk.sender.marker.v1", let marker = d.properties.messageID {
+        if d.properties.type == Self.markerType, d.routingKey == Self.stream, let marker = d.properties.messageID {
             let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
                 if let w = s.markers.removeValue(forKey: marker) { return w }
                 s.arrivedMarkers.insert(marker)

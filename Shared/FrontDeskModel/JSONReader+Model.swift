@@ -51,11 +51,16 @@ extension DispatchRecord {
             route: try json.optionalObject("route").map(StatusEvent.Route.init(json:)),
             error: try json.optionalObject("error").map(StatusEvent.ErrorInfo.init(json:)),
             invalid: try json.bool("invalid"), startedAt: try json.string("startedAt"),
-            decidedAt: try json.string("decidedAt"), expiresAt: try json.string("expiresAt"), lastSeq: try json.int("lastSeq"))
+            decidedAt: try json.string("decidedAt"), expiresAt: try json.string("expiresAt"),
+            lastSeq: try json.int("lastSeq", in: ParkedDispatch.seqRange))
     }
 }
 
 extension ParkedDispatch {
+    /// Seqs a body may carry: room above for every event a dispatch can have,
+    /// so `lastSeq + 1` (and a takeover's margin) never overflows.
+    static let seqRange = 0...Int(Int32.max)
+
     /// A parked or delayed dispatch's body.
     public init(jsonData: Data) throws {
         let json = try JSONFields(jsonData)
@@ -63,8 +68,9 @@ extension ParkedDispatch {
             record: try DispatchRecord(json: try json.object("record")),
             project: try StatusEvent.Project(json: try json.object("project")),
             target: try StatusEvent.Target(json: try json.object("target")),
-            attempt: try json.int("attempt"), everDelivered: try json.bool("everDelivered"), lastSeq: try json.int("lastSeq"),
-            stepReached: try json.int("stepReached"), retryAt: try json.optionalString("retryAt"))
+            attempt: try json.int("attempt", in: 1...1_000_000), everDelivered: try json.bool("everDelivered"),
+            lastSeq: try json.int("lastSeq", in: Self.seqRange), stepReached: try json.int("stepReached", in: 0...3),
+            retryAt: try json.optionalString("retryAt"))
     }
 }
 

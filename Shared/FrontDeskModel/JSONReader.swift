@@ -281,6 +281,13 @@ public struct JSONFields {
         return n
     }
 
+    /// An integer within `range`: values read from outside are range-checked before any arithmetic.
+    public func int(_ key: String, in range: ClosedRange<Int>) throws -> Int {
+        let n = try int(key)
+        guard range.contains(n) else { throw JSONReadError(message: "\"\(key)\" is out of range", offset: 0) }
+        return n
+    }
+
     public func double(_ key: String) throws -> Double {
         guard case .number(let d)? = present(key) else { throw mismatch(key, "a number") }
         return d

@@ -43,9 +43,9 @@ extension BrokerIntegration {
         @Test func dispatchFollowsTheSeedRequestToRepliedWithTheReferenceAgent() async throws {
             try await withHarness("cli-dispatch") { h in
                 try await h.startRouter()
-                try await h.startSender()
+                let sender = try await h.startSender()
                 _ = try agent(h, "yemaya/board-prep")
-                try await Task.sleep(for: .seconds(1))
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
                 let (status, out) = try await frontdesk(h, ["dispatch", "Reply to Lisa about the AGM agenda — short, confirm 14:00", "--json", "--id", "cli-1"])
                 #expect(status == 0)
                 let s = states(out)
@@ -66,26 +66,24 @@ extension BrokerIntegration {
         @Test func theInstantAgentAnswersEveryTaskOnceAndLeavesNothingUnacked() async throws {
             try await withHarness("cli-instant") { h in
                 try await h.startRouter()
-                try await h.startSender()
+                let sender = try await h.startSender()
                 let instant = try agent(h, "yemaya/board-prep", ["--instant"])
-                try await Task.sleep(for: .seconds(1))
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
                 for i in 0..<200 {
                     try await h.publish("dispatch.request", #"{"id":"instant-\#(i)","input":"Reply to Lisa, confirm 9:30","project":"yemaya","target":"board-prep"}"#)
                 }
                 var replied: [String: String] = [:]
-                let deadline = ContinuousClock.now + .seconds(30)
-                while replied.count < 200, ContinuousClock.now < deadline {
-                    for e in try await h.events() where e["state"] as? String == "replied" {
-                        #expect(replied[e["dispatchId"] as! String] == nil, "replied twice")
-                        replied[e["dispatchId"] as! String] = e["reply"] as? String
-                    }
+                let events = try await h.events("200 replied", within: .seconds(30)) { $0.filter { $0["state"] as? String == "replied" }.count >= 200 }
+                for e in events where e["state"] as? String == "replied" {
+                    #expect(replied[e["dispatchId"] as! String] == nil, "replied twice")
+                    replied[e["dispatchId"] as! String] = e["reply"] as? String
                 }
                 #expect(replied.count == 200)
                 #expect(replied["instant-7"]?.contains("Confirmed for 9:30") == true)
                 // A task left unacked would be back in the queue once the agent is gone.
                 kill(instant.processIdentifier, SIGKILL)
                 instant.waitUntilExit()
-                try await Task.sleep(for: .milliseconds(500))
+                try await h.waitUntil("the agent's queue has no consumer") { try await h.consumers("frontdesk.agent.yemaya.board-prep") == 0 }
                 let tasks = try await h.channel.queueDeclare("frontdesk.agent.yemaya.board-prep", passive: true)
                 #expect(tasks.messageCount == 0)
             }
@@ -94,9 +92,9 @@ extension BrokerIntegration {
         @Test func aFailingAgentEndsTheDispatchWithExitOne() async throws {
             try await withHarness("cli-fail") { h in
                 try await h.startRouter()
-                try await h.startSender()
+                let sender = try await h.startSender()
                 _ = try agent(h, "acme/legal", ["--fail"])
-                try await Task.sleep(for: .seconds(1))
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
                 let (status, out) = try await frontdesk(h, ["dispatch", "sign the contract", "--project", "acme", "--target", "legal", "--json"])
                 #expect(status == 1)
                 #expect(states(out).last == "failed")
@@ -131,10 +129,13 @@ extension BrokerIntegration.CLITests {
     @Test func producerScriptsPublishRequestsTheRouterAccepts() async throws {
         try await withHarness("producers") { h in
             try await h.startRouter()
-            let shell = try producer(h, ["bash", "deploy/producers/publish.sh", "Reply to Lisa about the \"AGM\" agenda", "3"])
+            // Quotes, a backslash, a newline, a tab and a control character arrive unchanged.
+            let text = "Reply to Lisa about the \"AGM\" agenda \\ confirm\n14:00\t\u{1}"
+            let shell = try producer(h, ["bash", "deploy/producers/publish.sh", text, "3"])
             let python = try producer(h, ["python3", "deploy/producers/publish.py", "sign the NDA", "2", "--project", "acme", "--target", "legal"])
             #expect(shell.count == 3 && python.count == 2)
-            let events = try await h.events()
+            let events = try await h.events("two events of each of 5") { $0.filter { $0["state"] as? String == "routing" }.count >= 5 }
+            for id in shell { #expect(events.first { $0["dispatchId"] as? String == id }?["input"] as? String == text) }
             for id in shell + python {
                 #expect(events.filter { $0["dispatchId"] as? String == id }.compactMap { $0["state"] as? String } == ["drafted", "routing"], "\(id)")
             }

@@ -3,6 +3,7 @@ import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+import Synchronization
 import Testing
 
 /// A vhost of its own, a routing table, router processes started from the
@@ -16,6 +17,12 @@ final class RouterHarness: @unchecked Sendable {
     var connection: AMQPConnection
     var channel: AMQPChannel
     let statusQueue: String
+    /// Every status event that reached `statusQueue`, in arrival order, with
+    /// when it arrived; `events(until:)` reads past a cursor.
+    let statusEvents = Arrivals()
+    private var statusCursor = 0
+    /// The probe port of each service process started.
+    private(set) var ports: [Int32: Int] = [:]
 
     static let table = """
     {"projects":[
@@ -41,6 +48,132 @@ final class RouterHarness: @unchecked Sendable {
         try await channel.queueDeclare(statusQueue, arguments: ["x-queue-type": "quorum"])
         try await channel.queueBind(statusQueue, exchange: "frontdesk.status", routingKey: "status.#")
         try await channel.confirmSelect()
+        try await collectStatus()
+    }
+
+    /// Consumes the status queue for the whole test, on a connection of its own.
+    private func collectStatus() async throws {
+        let c = try await AMQPConnection.connect(.init(url: url, connectionName: "router-test:status"))
+        statusConnection = c
+        // Acked once noted: an event the broker had sent when it went away comes again.
+        let consumer = try await c.openChannel().consume(queue: statusQueue)
+        let arrivals = statusEvents
+        _ = Task {
+            do {
+                for try await d in consumer {
+                    arrivals.append(d)
+                    try? d.ack()
+                }
+            } catch {}
+        }
+    }
+
+    private var statusConnection: AMQPConnection?
+
+    /// Waits until `done` holds for the status deliveries that arrived since
+    /// the last call, then returns those and moves past them. At the deadline
+    /// the test fails with `what`, and gets what arrived.
+    func statusDeliveries(
+        _ what: String = "the expected events", within: Duration = .seconds(20),
+        until done: ([AMQPDelivery]) -> Bool
+    ) async throws -> [AMQPDelivery] {
+        let deadline = ContinuousClock.now + within
+        while true {
+            let (arrived, end) = statusEvents.since(statusCursor)
+            let deliveries = arrived.map(\.delivery)
+            if done(deliveries) {
+                statusCursor = end
+                return deliveries
+            }
+            if ContinuousClock.now >= deadline {
+                statusCursor = end
+                let seen = deliveries.map { "\($0.properties.messageID ?? "?")@\($0.routingKey)" }
+                Issue.record("timed out after \(within) waiting for \(what); got \(seen)")
+                return deliveries
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// As `statusDeliveries`, decoded.
+    func events(
+        _ what: String = "the expected events", within: Duration = .seconds(20),
+        until done: ([[String: Any]]) -> Bool
+    ) async throws -> [[String: Any]] {
+        try await statusDeliveries(what, within: within) { done(Self.decode($0)) }.map { Self.decode([$0]).first ?? [:] }
+    }
+
+    static func decode(_ deliveries: [AMQPDelivery]) -> [[String: Any]] {
+        deliveries.compactMap { (try? JSONSerialization.jsonObject(with: $0.body)) as? [String: Any] }
+    }
+
+    /// Waits until each of `ids` has a terminal event.
+    func events(untilEnded first: String, _ rest: String...) async throws -> [[String: Any]] {
+        let ids = [first] + rest
+        return try await events("\(ids) to end") { events in
+            ids.allSatisfy { id in events.contains { $0["dispatchId"] as? String == id && Self.terminal.contains($0["state"] as? String ?? "") } }
+        }
+    }
+
+    /// Waits until `id` has an event in `state`.
+    func events(until id: String, reaches state: String, within: Duration = .seconds(20)) async throws -> [[String: Any]] {
+        try await events("\(id) to reach \(state)", within: within) { events in
+            events.contains { $0["dispatchId"] as? String == id && $0["state"] as? String == state }
+        }
+    }
+
+    /// When the first event of `id` in `state` arrived, among all so far.
+    func arrival(of id: String, _ state: String) -> ContinuousClock.Instant? {
+        statusEvents.since(0).0.first { a in
+            guard let e = Self.decode([a.delivery]).first else { return false }
+            return e["dispatchId"] as? String == id && e["state"] as? String == state
+        }?.at
+    }
+
+    static let terminal: Set<String> = ["replied", "failed", "cancelled"]
+
+    /// Waits until a condition holds, or fails the test with `what` at the deadline.
+    func waitUntil(_ what: String, within: Duration = .seconds(20), _ condition: () async throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + within
+        while !(try await condition()) {
+            if ContinuousClock.now >= deadline {
+                Issue.record("timed out after \(within) waiting until \(what)")
+                return
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// The sender `p` (the one leading) has seen an agent on `route` ("project/target").
+    func waitUntilSenderSeesAgents(_ p: Process, on route: String) async throws {
+        try await waitUntil("the sender sees an agent on \(route)") {
+            let m = try await metrics(p)
+            return m.contains("frontdesk_sender_leader 1") && m.split(separator: "\n").contains {
+                $0.hasPrefix("frontdesk_sender_agents{target=\"\(route)\"}") && !$0.hasSuffix(" 0")
+            }
+        }
+    }
+
+    /// The sender `p` leads and consumes its queues.
+    func waitUntilLeading(_ p: Process) async throws {
+        try await waitUntil("the sender leads") {
+            guard try await metrics(p).contains("frontdesk_sender_leader 1") else { return false }
+            return try await consumers("frontdesk.replies") > 0
+        }
+    }
+
+    func consumers(_ queue: String) async throws -> UInt32 {
+        try await channel.queueDeclare(queue, passive: true).consumerCount
+    }
+
+    func messages(_ queue: String) async throws -> UInt32 {
+        try await channel.queueDeclare(queue, passive: true).messageCount
+    }
+
+    func metrics(_ p: Process) async throws -> String {
+        guard let port = ports[p.processIdentifier] else { return "" }
+        let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(port)/metrics")!)
+        return String(decoding: data, as: UTF8.self)
     }
 
     /// A new connection after the broker went away.
@@ -51,6 +184,8 @@ final class RouterHarness: @unchecked Sendable {
                 connection = try await AMQPConnection.connect(.init(url: url, connectionName: "router-test:reconnected"))
                 channel = try await connection.openChannel()
                 try await channel.confirmSelect()
+                await statusConnection?.close()
+                try await collectStatus()
                 return
             } catch where ContinuousClock.now < deadline {
                 try await Task.sleep(for: .milliseconds(200))
@@ -87,6 +222,7 @@ final class RouterHarness: @unchecked Sendable {
         p.standardError = FileHandle.nullDevice
         try p.run()
         processes.append(p)
+        ports[p.processIdentifier] = port
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
             if (try? await probe(port: port, path: "/readyz")) == 200 { return p }
@@ -100,41 +236,41 @@ final class RouterHarness: @unchecked Sendable {
         return (response as? HTTPURLResponse)?.statusCode ?? 0
     }
 
-    func publish(_ routingKey: String, _ body: String, type: String? = nil) async throws {
+    func publish(_ routingKey: String, _ body: String, type: String? = nil, properties: AMQPProperties? = nil) async throws {
         try await channel.publish(
             exchange: "frontdesk.commands", routingKey: routingKey, body: Data(body.utf8),
-            properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, type: type))
+            properties: properties ?? AMQPProperties(contentType: "application/json", deliveryMode: 2, type: type))
     }
 
-    /// Every message that reached `queue` until none came for `quiet`.
-    func drain(_ queue: String, quiet: Duration = .milliseconds(800)) async throws -> [AMQPDelivery] {
+    /// What a hostile or merely unusual producer sets: its own validated
+    /// user id, CC and BCC naming the agents' replies queue, a TTL, a
+    /// reply_to, a priority, a timestamp at the end of time.
+    static let hostileProperties = AMQPProperties(
+        contentType: "application/json",
+        headers: ["CC": .array([.string("frontdesk.replies")]), "BCC": .array([.string("frontdesk.replies")]), "x-extra": "kept"],
+        deliveryMode: 2, priority: 9, replyTo: "frontdesk.replies", expiration: "600000", timestamp: UInt64.max, userID: "guest",
+        appID: "hostile")
+
+    /// The messages of `queue`, taken off it, once there are `count` of them
+    /// (the test fails at the deadline, with what there was).
+    func drain(_ queue: String, count: Int, within: Duration = .seconds(20)) async throws -> [AMQPDelivery] {
         let c = try await connection.openChannel()
         let consumer = try await c.consume(queue: queue, noAck: true)
         let collected = CollectedElements<AMQPDelivery>()
         let reader = Task {
             for try await d in consumer { _ = await collected.append(d) }
         }
-        var last = -1
-        while true {
-            try await Task.sleep(for: quiet)
-            let count = await collected.all.count
-            if count == last { break }
-            last = count
-        }
+        try await waitUntil("\(count) messages on \(queue)", within: within) { await collected.all.count >= count }
         reader.cancel()
         await c.close()
         return await collected.all
-    }
-
-    /// The status events that arrived until none came for `quiet`, decoded.
-    func events(quiet: Duration = .milliseconds(800)) async throws -> [[String: Any]] {
-        try await drain(statusQueue, quiet: quiet).map { try JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
     }
 
     func stop() async {
         for p in processes where p.isRunning { kill(p.processIdentifier, SIGKILL) }
         for p in processes { p.waitUntilExit() }
         await connection.close()
+        await statusConnection?.close()
         try? Self.ctl(["delete_vhost", vhost])
         try? FileManager.default.removeItem(atPath: tableFile)
     }
@@ -147,6 +283,23 @@ final class RouterHarness: @unchecked Sendable {
 
 /// Runs `body` with a fresh harness and always stops it: its routers are
 /// killed and its vhost deleted, whether the body passed or threw.
+/// Deliveries that arrive on a consumer's task, read by the test's task.
+final class Arrivals: Sendable {
+    struct Arrival: Sendable {
+        let delivery: AMQPDelivery
+        let at: ContinuousClock.Instant
+    }
+
+    private let state = Mutex<[Arrival]>([])
+
+    func append(_ delivery: AMQPDelivery) { state.withLock { $0.append(Arrival(delivery: delivery, at: .now)) } }
+
+    /// What arrived from index `start` on, and the index past it.
+    func since(_ start: Int) -> ([Arrival], Int) {
+        state.withLock { all in (Array(all[min(start, all.count)...]), all.count) }
+    }
+}
+
 func withHarness(_ name: String, _ body: (RouterHarness) async throws -> Void) async throws {
     let h = try await RouterHarness(name)
     do {

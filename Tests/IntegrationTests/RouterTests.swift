@@ -8,8 +8,10 @@ extension BrokerIntegration {
         @Test func acceptedRequestGetsDraftedThenRoutingAndAHandOff() async throws {
             try await withHarness("accept") { h in
                 try await h.startRouter()
-                try await h.publish("dispatch.request", #"{"id":"d-1","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","threadId":"t-9","user":"u-42"}"#)
-                let deliveries = try await h.drain(h.statusQueue)
+                try await h.publish(
+                    "dispatch.request", #"{"id":"d-1","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","threadId":"t-9","user":"u-42"}"#,
+                    properties: RouterHarness.hostileProperties)
+                let deliveries = try await h.statusDeliveries { $0.count >= 2 }
                 #expect(deliveries.map(\.routingKey) == ["status._._.drafted", "status.yemaya.board-prep.routing"])
                 #expect(deliveries.map(\.properties.messageID) == ["d-1/1", "d-1/2"])
                 #expect(deliveries.allSatisfy { $0.properties.type == "frontdesk.status.v1" && $0.properties.correlationID == "d-1" && $0.properties.deliveryMode == 2 })
@@ -24,9 +26,13 @@ extension BrokerIntegration {
                 let route = try #require(routing["route"] as? [String: Any])
                 #expect(route["reason"] as? String == "keywords: agm, agenda; contact: Lisa")
                 #expect(events[0]["project"] == nil)
-                let handoff = try await h.drain("frontdesk.sender.inbox")
+                let handoff = try await h.drain("frontdesk.sender.inbox", count: 1)
                 #expect(handoff.count == 1)
                 #expect(handoff.first?.properties.correlationID == "d-1")
+                // The producer's message carried user_id, CC and more: none of it reaches the sender.
+                let p = try #require(handoff.first?.properties)
+                #expect(p.userID == nil && p.headers == nil && p.replyTo == nil && p.expiration == nil && p.priority == nil && p.appID == nil)
+                #expect(p.timestamp.map { $0 < UInt64(Date().timeIntervalSince1970) + 60 } == true)
             }
         }
 
@@ -42,7 +48,7 @@ extension BrokerIntegration {
                 try await h.publish("dispatch.reroute", #"{"id":"r-1","project":"nope","target":"x"}"#)
                 try await h.publish("dispatch.cancel", #"{"reason":"user"}"#)
                 try await h.publish("something.else", #"{"id":"x"}"#)
-                let dead = try await h.drain("frontdesk.dead")
+                let dead = try await h.drain("frontdesk.dead", count: 9)
                 let codes = dead.map { $0.properties.headers?["x-frontdesk-error"]?.stringValue ?? "?" }
                 // Handlers run concurrently: the set of codes counts, not their order.
                 #expect(codes.sorted() == ["invalid_json", "invalid_request", "invalid_request", "invalid_request", "invalid_request",
@@ -55,7 +61,7 @@ extension BrokerIntegration {
                 }
                 #expect(dead.contains { $0.body == Data("{not json".utf8) && $0.properties.headers?["x-frontdesk-error"]?.stringValue == "invalid_json" })
                 // Only the invalid request whose id could be read gets an event: failed, seq 1.
-                let events = try await h.events()
+                let events = try await h.events(untilEnded: "has-id")
                 #expect(events.count == 1)
                 #expect(events.first?["dispatchId"] as? String == "has-id")
                 #expect(events.first?["state"] as? String == "failed")
@@ -68,7 +74,7 @@ extension BrokerIntegration {
             try await withHarness("hints") { h in
                 try await h.startRouter()
                 try await h.publish("dispatch.request", #"{"id":"h-1","input":"the agm agenda","project":"acme","target":"nope"}"#)
-                let events = try await h.events()
+                let events = try await h.events(untilEnded: "h-1")
                 #expect(events.map { $0["state"] as? String } == ["drafted", "failed"])
                 #expect((events.last?["error"] as? [String: Any])?["code"] as? String == "unknown_target")
             }
@@ -78,7 +84,7 @@ extension BrokerIntegration {
             try await withHarness("restart") { h in
                 let first = try await h.startRouter()
                 try await h.publish("dispatch.request", #"{"id":"same","input":"the contract"}"#)
-                #expect(try await h.events().count == 2)
+                #expect(try await h.events { $0.count >= 2 }.count == 2)
                 first.terminate()
                 first.waitUntilExit()
                 #expect(first.terminationStatus == 0)
@@ -86,7 +92,8 @@ extension BrokerIntegration {
                 try await h.publish("dispatch.request", #"{"id":"same","input":"the contract"}"#)
                 try await h.publish("dispatch.request", #"{"id":"same","input":"a corrected request reusing the id"}"#)
                 try await h.publish("dispatch.request", #"{"id":"other","input":"the contract"}"#)
-                let events = try await h.events()
+                // "other" was published last: once its events are in, the two before it were handled.
+                let events = try await h.events { $0.filter { $0["dispatchId"] as? String == "other" }.count >= 2 }
                 #expect(events.map { $0["dispatchId"] as? String } == ["other", "other"])
             }
         }
@@ -103,7 +110,9 @@ extension BrokerIntegration {
                     if i == 100 { kill(a.processIdentifier, SIGKILL) }
                     if i == 150 { try await h.startRouter() }
                 }
-                let deliveries = try await h.drain(h.statusQueue, quiet: .seconds(3))
+                let deliveries = try await h.statusDeliveries("both events of every id") { ds in
+                    Set(ds.compactMap(\.properties.messageID)).count >= 2 * ids.count
+                }
                 var byID: [String: [String: Data]] = [:]  // id → message_id → body
                 for d in deliveries {
                     let id = d.properties.correlationID ?? "?"
@@ -116,7 +125,7 @@ extension BrokerIntegration {
                 // Exactly one history per id: drafted (seq 1) and routing (seq 2), however often re-sent.
                 #expect(Set(byID.keys) == Set(ids))
                 for id in ids { #expect(Set(byID[id]?.keys ?? [:].keys) == ["\(id)/1", "\(id)/2"]) }
-                let handoffs = try await h.drain("frontdesk.sender.inbox")
+                let handoffs = try await h.drain("frontdesk.sender.inbox", count: ids.count)
                 #expect(Set(handoffs.compactMap(\.properties.correlationID)) == Set(ids))
             }
         }

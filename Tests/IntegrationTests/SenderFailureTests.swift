@@ -31,11 +31,11 @@ extension BrokerIntegration {
                 try await h.startRouter()
                 let sender = try await h.startSender()
                 for i in 0..<20 { try await h.publish("dispatch.request", #"{"id":"p-\#(i)","input":"the agm agenda \#(i)"}"#) }
-                _ = try await h.events()
+                _ = try await h.events("20 queued") { $0.filter { $0["state"] as? String == "queued" }.count >= 20 }
                 kill(sender.processIdentifier, SIGKILL)
                 try await h.startSender()
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
-                let events = try await h.events(quiet: .seconds(2))
+                let events = try await h.events("20 replied") { $0.filter { $0["state"] as? String == "replied" }.count >= 20 }
                 for i in 0..<20 { #expect(states(events, "p-\(i)").last == "replied", "p-\(i)") }
                 #expect(Set(await agent.tasks.all.compactMap { $0.properties.correlationID }).count == 20)
                 await agent.stop()
@@ -46,16 +46,16 @@ extension BrokerIntegration {
             try await withHarness("sender-takeover") { h in
                 try await h.startRouter()
                 let first = try await h.startSender()
-                try await Task.sleep(for: .milliseconds(500))
+                try await h.waitUntilLeading(first)
                 try await h.startSender()  // standby
                 let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
-                try await Task.sleep(for: .milliseconds(800))
+                try await h.waitUntilSenderSeesAgents(first, on: "yemaya/board-prep")
                 try await h.publish("dispatch.request", #"{"id":"t-1","input":"the agm agenda"}"#)
-                try await Task.sleep(for: .milliseconds(800))
+                var events = try await h.events(until: "t-1", reaches: "sending")
                 kill(first.processIdentifier, SIGKILL)
                 await silent.stop()
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
-                let events = try await h.events(quiet: .seconds(3))
+                events += try await h.events(untilEnded: "t-1")
                 let history = states(events, "t-1")
                 #expect(history.first == "drafted" && history.last == "replied")
                 #expect(history.filter { ["replied", "failed", "cancelled"].contains($0) }.count == 1)
@@ -77,29 +77,31 @@ extension BrokerIntegration {
                 func leaders() async throws -> UInt32 {
                     try await h.channel.queueDeclare("frontdesk.sender.leader", passive: true).consumerCount
                 }
-                try await Task.sleep(for: .seconds(3))
-                #expect(try await leaders() == 1)
-                try await Task.sleep(for: .seconds(2))
-                #expect(try await leaders() == 1)
+                // One leads at once, and no second one joins it while the three run.
+                try await h.waitUntil("one sender leads") { try await leaders() == 1 }
+                for _ in 0..<25 {
+                    #expect(try await leaders() == 1)
+                    try await Task.sleep(for: .milliseconds(200))  // sampling over 5 s, not waiting for a condition
+                }
             }
         }
 
         @Test func anAgentThatDisappearsPutsTheDispatchBackInQueued() async throws {
             try await withHarness("sender-agent-gone") { h in
                 try await h.startRouter()
-                try await h.startSender()
+                let sender = try await h.startSender()
                 let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
-                try await Task.sleep(for: .milliseconds(800))
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
                 try await h.publish("dispatch.request", #"{"id":"g-1","input":"the agm agenda"}"#)
-                try await Task.sleep(for: .milliseconds(800))
+                var events = try await h.events(until: "g-1", reaches: "sending")
                 await silent.stop()
-                var events = try await h.events()
+                events += try await h.events(until: "g-1", reaches: "queued")
                 #expect(states(events, "g-1") == ["drafted", "routing", "sending", "queued"])
                 let queued = events.last { $0["dispatchId"] as? String == "g-1" }
                 #expect((queued?["queue"] as? [String: Any])?["reason"] as? String == "agent_offline")
                 #expect(queued?["attempt"] as? Int == 2)
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
-                events = try await h.events()
+                events = try await h.events(untilEnded: "g-1")
                 #expect(states(events, "g-1") == ["sending", "sending", "sending", "replied"])
                 #expect(await agent.tasks.all.compactMap(\.properties.messageID).contains("g-1/2"))
                 await agent.stop()
@@ -110,12 +112,12 @@ extension BrokerIntegration {
             try await withHarness("sender-accept-silent") { h in
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .acceptThenSilent)
                 try await h.startRouter()
-                try await h.startSender(extraEnvironment: [
+                let sender = try await h.startSender(extraEnvironment: [
                     "FRONTDESK_REPLY_TIMEOUT_S": "1", "FRONTDESK_RETRY_BASE_MS": "200", "FRONTDESK_MAX_ATTEMPTS": "2",
                 ])
-                try await Task.sleep(for: .milliseconds(800))
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
                 try await h.publish("dispatch.request", #"{"id":"as-1","input":"the agm agenda"}"#)
-                let events = try await h.events(quiet: .seconds(3))
+                let events = try await h.events(untilEnded: "as-1")
                 // The accepted reply must not stop the reply timeout.
                 #expect(states(events, "as-1") == ["drafted", "routing", "sending", "sending", "queued", "sending", "sending", "failed"])
                 let failed = events.last { $0["dispatchId"] as? String == "as-1" }
@@ -128,11 +130,11 @@ extension BrokerIntegration {
             try await withHarness("sender-accept-expiry") { h in
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .acceptThenSilent)
                 try await h.startRouter(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
-                try await h.startSender(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
-                try await Task.sleep(for: .milliseconds(800))
+                let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
                 let started = Date()
                 try await h.publish("dispatch.request", #"{"id":"ae-1","input":"the agm agenda"}"#)
-                let events = try await h.events(quiet: .seconds(6))
+                let events = try await h.events(untilEnded: "ae-1")
                 #expect(states(events, "ae-1") == ["drafted", "routing", "sending", "sending", "failed"])
                 expectExpiredOnTime(events, "ae-1", started: started, lifetime: 3)
                 await agent.stop()
@@ -145,7 +147,7 @@ extension BrokerIntegration {
                 try await h.startSender(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
                 let started = Date()
                 try await h.publish("dispatch.request", #"{"id":"e-1","input":"the agm agenda"}"#)
-                let events = try await h.events(quiet: .seconds(6))
+                let events = try await h.events(untilEnded: "e-1")
                 #expect(states(events, "e-1") == ["drafted", "routing", "queued", "failed"])
                 expectExpiredOnTime(events, "e-1", started: started, lifetime: 3)
             }
@@ -168,12 +170,12 @@ extension BrokerIntegration.SenderFailureTests {
             let env = ["FRONTDESK_RETRY_BASE_MS": "3000"]
             let first = try await h.startSender(extraEnvironment: env)
             let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .failFirstAttempt)
-            try await Task.sleep(for: .milliseconds(800))
+            try await h.waitUntilSenderSeesAgents(first, on: "yemaya/board-prep")
             try await h.publish("dispatch.request", #"{"id":"rk-1","input":"the agm agenda"}"#)
-            try await Task.sleep(for: .milliseconds(700))
+            var events = try await h.events(until: "rk-1", reaches: "queued")
             kill(first.processIdentifier, SIGKILL)
             try await h.startSender(extraEnvironment: env)
-            let events = try await h.events(quiet: .seconds(4))
+            events += try await h.events(untilEnded: "rk-1")
             #expect(states(events, "rk-1") == ["drafted", "routing", "sending", "queued", "sending", "sending", "sending", "replied"])
             let wait = events.first { $0["state"] as? String == "queued" }
             let retryAt = ((wait?["queue"] as? [String: Any])?["retryAt"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) }
@@ -197,16 +199,16 @@ extension BrokerIntegration.SenderFailureTests {
     @Test func parkedDispatchesSurviveABrokerRestart() async throws {
         try await withHarness("sender-broker-restart") { h in
             try await h.startRouter()
-            try await h.startSender()
+            let sender = try await h.startSender()
             for i in 0..<10 { try await h.publish("dispatch.request", #"{"id":"br-\#(i)","input":"the agm agenda \#(i)"}"#) }
-            var events = try await h.events()
+            var events = try await h.events("10 queued") { $0.filter { $0["state"] as? String == "queued" }.count >= 10 }
             for i in 0..<10 { #expect(states(events, "br-\(i)") == ["drafted", "routing", "queued"]) }
             try TestBroker.script(["restart"])
             try await h.reconnect()
             // The services come back by themselves; then an agent appears.
-            try await Task.sleep(for: .seconds(3))
+            try await h.waitUntilLeading(sender)
             let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
-            events = try await h.events(quiet: .seconds(3))
+            events = try await h.events("10 replied") { $0.filter { $0["state"] as? String == "replied" }.count >= 10 }
             for i in 0..<10 { #expect(states(events, "br-\(i)").last == "replied", "br-\(i)") }
             #expect(Set(await agent.tasks.all.compactMap(\.properties.correlationID)).count == 10)
             await agent.stop()
@@ -218,12 +220,12 @@ extension BrokerIntegration.SenderFailureTests {
     @Test func aRetryWaitLongerThanTheLifetimeStillExpiresOnTime() async throws {
         try await withHarness("sender-retry-expiry") { h in
             try await h.startRouter(extraEnvironment: ["FRONTDESK_LIFETIME_S": "4"])
-            try await h.startSender(extraEnvironment: ["FRONTDESK_RETRY_BASE_MS": "30000", "FRONTDESK_RETRY_MAX_MS": "30000"])
+            let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_RETRY_BASE_MS": "30000", "FRONTDESK_RETRY_MAX_MS": "30000"])
             let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .retryableError)
-            try await Task.sleep(for: .milliseconds(800))
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
             let started = Date()
             try await h.publish("dispatch.request", #"{"id":"rx-1","input":"the agm agenda"}"#)
-            let events = try await h.events(quiet: .seconds(7))
+            let events = try await h.events(untilEnded: "rx-1")
             #expect(states(events, "rx-1") == ["drafted", "routing", "sending", "queued", "failed"])
             expectExpiredOnTime(events, "rx-1", started: started, lifetime: 4)
             await agent.stop()
@@ -236,15 +238,15 @@ extension BrokerIntegration.SenderFailureTests {
         try await withHarness("sender-kill-mid-reply") { h in
             try await h.startRouter()
             let first = try await h.startSender()
-            try await Task.sleep(for: .milliseconds(500))
+            try await h.waitUntilLeading(first)
             try await h.startSender()  // standby
             let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .slowStream)
-            try await Task.sleep(for: .milliseconds(800))
+            try await h.waitUntilSenderSeesAgents(first, on: "yemaya/board-prep")
             try await h.publish("dispatch.request", #"{"id":"mr-1","input":"the agm agenda"}"#)
-            try await Task.sleep(for: .milliseconds(900))  // mid-stream
+            // Mid-stream: two progress replies in.
+            var events = try await h.events("two progress events of mr-1") { $0.filter { $0["state"] as? String == "sending" }.count >= 3 }
             kill(first.processIdentifier, SIGKILL)
-            let deliveries = try await h.drain(h.statusQueue, quiet: .seconds(4))
-            let events = deliveries.map { try! JSONSerialization.jsonObject(with: $0.body) as! [String: Any] }
+            events += try await h.events(untilEnded: "mr-1")
             let history = states(events, "mr-1")
             #expect(history.filter { ["replied", "failed", "cancelled"].contains($0) } == ["replied"])
             #expect(history.last == "replied", "nothing after the terminal state: \(history)")

@@ -1,0 +1,158 @@
+import AMQP
+import Foundation
+import Testing
+
+extension BrokerIntegration {
+    /// CONTRACT.md: `cancelled` within 1 s of the cancel reaching the broker,
+    /// in every state; a reroute's new `queued` event within 1 s.
+    @Suite("Cancel and reroute at any instant", .timeLimit(.minutes(2)))
+    struct CancelTests {
+        func states(_ events: [[String: Any]], _ id: String) -> [String] {
+            events.filter { $0["dispatchId"] as? String == id }.compactMap { $0["state"] as? String }
+        }
+
+        /// Publishes a cancel (confirmed by the broker), waits for `cancelled`
+        /// and checks it arrived within 1 s of the confirm.
+        func cancelWithinOneSecond(_ h: RouterHarness, _ id: String, sourceLocation: SourceLocation = #_sourceLocation) async throws {
+            try await h.publish("dispatch.cancel", #"{"id":"\#(id)","reason":"user"}"#)
+            let confirmed = ContinuousClock.now
+            _ = try await h.events(until: id, reaches: "cancelled", within: .seconds(5))
+            let at = try #require(h.arrival(of: id, "cancelled"), sourceLocation: sourceLocation)
+            #expect(at - confirmed < .seconds(1), "cancelled \(at - confirmed) after the cancel", sourceLocation: sourceLocation)
+        }
+
+        @Test func aCancelEndsTheDispatchWithinOneSecondInEveryState() async throws {
+            try await withHarness("cancel-states") { h in
+                try await h.startRouter()
+                let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_RETRY_BASE_MS": "20000", "FRONTDESK_RETRY_MAX_MS": "20000"])
+                try await h.waitUntilLeading(sender)
+
+                // Queued for a target without agents, right after its queued event.
+                try await h.publish("dispatch.request", #"{"id":"cs-queued","input":"the agm agenda"}"#)
+                _ = try await h.events(until: "cs-queued", reaches: "queued")
+                try await cancelWithinOneSecond(h, "cs-queued")
+
+                // Routing: the cancel follows its request at once.
+                try await h.publish("dispatch.request", #"{"id":"cs-routing","input":"the agm agenda"}"#)
+                try await cancelWithinOneSecond(h, "cs-routing")
+
+                // With an agent that never answers.
+                let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .silent)
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+                try await h.publish("dispatch.request", #"{"id":"cs-agent","input":"the contract","project":"acme","target":"legal"}"#)
+                _ = try await h.events(until: "cs-agent", reaches: "sending")
+                try await cancelWithinOneSecond(h, "cs-agent")
+                await silent.stop()
+
+                // Waiting 20 s for a retry.
+                let failing = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .retryableError)
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+                try await h.publish("dispatch.request", #"{"id":"cs-retry","input":"the contract","project":"acme","target":"legal"}"#)
+                let wait = try await h.events(until: "cs-retry", reaches: "queued")
+                #expect(((wait.last { $0["dispatchId"] as? String == "cs-retry" }?["queue"]) as? [String: Any])?["reason"] as? String == "retry_wait")
+                try await cancelWithinOneSecond(h, "cs-retry")
+                #expect(await failing.tasks.all.compactMap(\.properties.messageID).filter { $0.hasPrefix("cs-retry/") } == ["cs-retry/1"])
+                await failing.stop()
+            }
+        }
+
+        @Test func aRerouteShowsAtOnceAndACancelUnderANewLeaderEndsItWithoutItsAgent() async throws {
+            try await withHarness("reroute-cancel-takeover") { h in
+                try await h.startRouter()
+                let first = try await h.startSender()
+                try await h.waitUntilLeading(first)
+                try await h.publish("dispatch.request", #"{"id":"rc-1","input":"the agm agenda"}"#)
+                try await h.publish("dispatch.request", #"{"id":"rc-2","input":"the agm agenda"}"#)
+                _ = try await h.events("both queued") { $0.filter { $0["state"] as? String == "queued" }.count >= 2 }
+
+                // The reroute's queued event, with the new route, within 1 s.
+                try await h.publish("dispatch.reroute", #"{"id":"rc-1","project":"acme","target":"legal"}"#)
+                let sent = ContinuousClock.now
+                let moved = try await h.events("rc-1 queued at acme/legal", within: .seconds(5)) { events in
+                    events.contains { $0["dispatchId"] as? String == "rc-1" && ($0["target"] as? [String: Any])?["id"] as? String == "legal" }
+                }
+                let queued = try #require(moved.last { $0["dispatchId"] as? String == "rc-1" })
+                #expect(queued["state"] as? String == "queued" && (queued["project"] as? [String: Any])?["id"] as? String == "acme")
+                #expect(ContinuousClock.now - sent < .seconds(1))
+
+                // A new leader knows both wait, from the log alone: each cancel acts at once.
+                kill(first.processIdentifier, SIGKILL)
+                let second = try await h.startSender()
+                try await h.waitUntilLeading(second)
+                try await cancelWithinOneSecond(h, "rc-1")
+                try await cancelWithinOneSecond(h, "rc-2")
+
+                // Their copies surface when agents come, and are dropped: no task for either.
+                let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                try await h.waitUntil("both park queues are empty") {
+                    let a = try await h.messages("frontdesk.sender.park.yemaya.board-prep")
+                    let b = try await h.messages("frontdesk.sender.park.acme.legal")
+                    return a == 0 && b == 0
+                }
+                // A later dispatch for the same target is delivered: the dropped copies were seen.
+                try await h.publish("dispatch.request", #"{"id":"rc-3","input":"the contract","project":"acme","target":"legal"}"#)
+                let after = try await h.events(untilEnded: "rc-3")
+                #expect(states(after, "rc-3").last == "replied")
+                #expect(states(after, "rc-1").isEmpty && states(after, "rc-2").isEmpty)
+                #expect(await board.tasks.all.isEmpty)
+                #expect(await legal.tasks.all.compactMap(\.properties.correlationID) == ["rc-3"])
+                await board.stop()
+                await legal.stop()
+            }
+        }
+    }
+}
+
+extension BrokerIntegration {
+    /// CONTRACT.md, Untrusted input: properties and values a hostile or
+    /// merely unusual producer sets change nothing they should not.
+    @Suite("Untrusted properties and values", .timeLimit(.minutes(2)))
+    struct UntrustedInputTests {
+        @Test func hostilePropertiesNeitherStallNorCrashNorForgeReplies() async throws {
+            try await withHarness("hostile-properties") { h in
+                try await h.startRouter()
+                let first = try await h.startSender()
+                try await h.waitUntilLeading(first)
+                let hostile = RouterHarness.hostileProperties
+                // A cancel for an id not seen yet, with every property set: remembered in the commands stream.
+                try await h.publish("dispatch.cancel", #"{"id":"hp-later","reason":"user"}"#, properties: hostile)
+                try await h.waitUntil("the cancel is remembered") {
+                    try await h.metrics(first).contains("frontdesk_sender_commands_total{kind=\"remembered\"} 1")
+                }
+                // A new leader replays it (a timestamp of 2^64 − 1 once trapped here) and applies it.
+                kill(first.processIdentifier, SIGKILL)
+                let second = try await h.startSender()
+                try await h.waitUntilLeading(second)
+                try await h.publish("dispatch.request", #"{"id":"hp-later","input":"the agm agenda"}"#, properties: hostile)
+                var events = try await h.events(untilEnded: "hp-later")
+                #expect(events.last { $0["dispatchId"] as? String == "hp-later" }?["state"] as? String == "cancelled")
+                // A request with the producer's own user_id and CC to the replies queue goes through as usual.
+                try await h.publish("dispatch.request", #"{"id":"hp-1","input":"the agm agenda"}"#, properties: hostile)
+                events = try await h.events(until: "hp-1", reaches: "queued")
+                try await h.publish("dispatch.cancel", #"{"id":"hp-1","reason":"user"}"#, properties: hostile)
+                _ = try await h.events(untilEnded: "hp-1")
+                // No forged copy of a command reached the agents' replies queue (the
+                // sender would have dead-lettered it as no reply), and nothing was refused.
+                #expect(try await h.messages("frontdesk.replies") == 0)
+                #expect(try await h.messages("frontdesk.dead") == 0)
+            }
+        }
+
+        @Test func aCreatedAtFarAheadCountsAsIntakeTimeAndParks() async throws {
+            try await withHarness("future-created-at") { h in
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                try await h.waitUntilLeading(sender)
+                let intake = Date()
+                try await h.publish("dispatch.request", #"{"id":"fa-1","input":"the agm agenda","createdAt":"2100-01-01T00:00:00.000Z"}"#)
+                try await h.publish("dispatch.request", #"{"id":"fa-2","input":"the agm agenda"}"#)
+                let events = try await h.events("both queued") { $0.filter { $0["state"] as? String == "queued" }.count >= 2 }
+                let queued = try #require(events.first { $0["dispatchId"] as? String == "fa-1" && $0["state"] as? String == "queued" })
+                let expires = try #require((queued["expiresAt"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) })
+                #expect(expires.timeIntervalSince(intake) <= 14_400 + 5)
+                #expect(try await h.messages("frontdesk.sender.park.yemaya.board-prep") == 2)
+            }
+        }
+    }
+}
