@@ -21,9 +21,9 @@ extension BrokerIntegration {
             var received: [AMQPDelivery] = []
             for _ in 0..<5 { received.append(try #require(try await iterator.next())) }
             // With 5 unacked, the broker must hold the rest back.
-            try await Task.sleep(for: .milliseconds(300))
-            let waiting = try await connection.withChannel { try await $0.queueDeclare(queue, passive: true) }
-            #expect(waiting.messageCount == 15)
+            try await waitUntil("15 messages wait in the queue") {
+                try await connection.withChannel { try await $0.queueDeclare(queue, passive: true) }.messageCount == 15
+            }
             // Acking releases the next ones.
             try received.last!.ack(multiple: true)
             for _ in 0..<5 { received.append(try #require(try await iterator.next())) }
@@ -153,9 +153,7 @@ extension BrokerIntegration {
             try again.ack()
             let second = try #require(try await iterator.next())
             try second.reject(requeue: false)
-            try await Task.sleep(for: .milliseconds(200))
-            let dead = try await channel.queueDeclare(dlq, passive: true)
-            #expect(dead.messageCount == 1)
+            try await waitUntil("the rejected message is dead-lettered") { try await channel.queueDeclare(dlq, passive: true).messageCount == 1 }
             for q in [queue, dlq] { try await channel.queueDelete(q) }
             try await channel.exchangeDelete(dlx)
             await connection.close()
@@ -174,22 +172,21 @@ extension BrokerIntegration {
             // The first publish after the alarm is held by the broker: it must
             // fail by itself (blocked, or no confirm in time), never hang.
             var failure: AMQPError?
-            for _ in 0..<3 where failure == nil {
+            try await waitUntil("a publish fails", within: .seconds(10)) {
                 do {
                     try await channel.publish(exchange: "", routingKey: queue, body: Data("x".utf8))
-                    try await Task.sleep(for: .milliseconds(300))
+                    return false
                 } catch let error as AMQPError {
                     failure = error
+                    return true
                 }
             }
             let error = try #require(failure)
             #expect(error.code == .connectionBlocked || error.code == .timeout)
             #expect(error.isRetryable)
-            try await Task.sleep(for: .milliseconds(300))
-            #expect(connection.blockedReason != nil)
+            try await waitUntil("the connection knows it is blocked") { connection.blockedReason != nil }
             _ = try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"])
-            try await Task.sleep(for: .milliseconds(500))
-            #expect(connection.blockedReason == nil)
+            try await waitUntil("the connection knows it is unblocked") { connection.blockedReason == nil }
             await connection.close()
         }
     }

@@ -63,7 +63,7 @@ extension BrokerIntegration {
             var url = TestBroker.url
             url.heartbeat = 1  // the broker drops a peer silent for 2 heartbeats
             let connection = try await AMQPConnection.connect(TestBroker.configuration("heartbeat", url: url))
-            try await Task.sleep(for: .seconds(4))
+            try await Task.sleep(for: .seconds(4))  // the idle time under test: four heartbeat intervals
             #expect(connection.isOpen)
             let channel = try await connection.openChannel()
             try await channel.queueDeclare(TestBroker.uniqueName("alive"), durable: false, autoDelete: true)
@@ -79,7 +79,7 @@ extension BrokerIntegration {
             url.heartbeat = 1
             let connection = try await AMQPConnection.connect(TestBroker.configuration("silent", url: url))
             let channel = try await connection.openChannel()
-            try await Task.sleep(for: .seconds(2))
+            try await Task.sleep(for: .seconds(2))  // idle through the proxy for two heartbeat intervals
             #expect(connection.isOpen, "heartbeats pass through the proxy")
             proxy.freeze()
             let frozenAt = ContinuousClock.now

@@ -27,7 +27,8 @@ extension BrokerIntegration {
                 arrival.yield()
             }, finished: { _ in })
             try await channel.publish(exchange: "", routingKey: queue, body: Data("x".utf8))
-            for await _ in delivered { break }
+            // A deadline, so a delivery that never comes fails an assertion rather than hanging.
+            #expect(try await delivered.first(1, timeout: .seconds(10)).count == 1, "the message was not delivered")
             try await withTaskExecutorPreference(connection.executor) {
                 for _ in 0..<3 {
                     // Resumed by a timer and by a broker reply: both come back to the connection's thread.
@@ -46,11 +47,13 @@ extension BrokerIntegration {
             let connection = try await TestBroker.connect("executor-closed")
             let executor = connection.executor
             // Suspended on the connection's thread while the connection closes under it.
+            let (started, start) = AsyncStream<Void>.makeStream()
             let waiter = Task(executorPreference: executor) { () async -> Bool in
+                start.yield()
                 try? await Task.sleep(for: .milliseconds(200))
                 return true
             }
-            try await Task.sleep(for: .milliseconds(50))
+            #expect(try await started.first(1, timeout: .seconds(10)).count == 1, "the task did not start")
             await connection.close()
             #expect(await waiter.value)
             // Started after the end: the global pool runs it.

@@ -133,15 +133,11 @@ final class RouterHarness: @unchecked Sendable {
     static let terminal: Set<String> = ["replied", "failed", "cancelled"]
 
     /// Waits until a condition holds, or fails the test with `what` at the deadline.
-    func waitUntil(_ what: String, within: Duration = .seconds(20), _ condition: () async throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + within
-        while !(try await condition()) {
-            if ContinuousClock.now >= deadline {
-                Issue.record("timed out after \(within) waiting until \(what)")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+    func waitUntil(
+        _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
+        _ condition: () async throws -> Bool
+    ) async throws {
+        try await IntegrationTests.waitUntil(what, within: within, sourceLocation: sourceLocation, condition)
     }
 
     /// The sender `p` (the one leading) has seen an agent on `route` ("project/target").

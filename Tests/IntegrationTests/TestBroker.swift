@@ -54,6 +54,21 @@ enum TestBroker {
     }
 }
 
+/// Waits until `condition` holds, or fails the test with `what` at the deadline.
+func waitUntil(
+    _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
+    _ condition: () async throws -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + within
+    while !(try await condition()) {
+        if ContinuousClock.now >= deadline {
+            Issue.record("timed out after \(within) waiting until \(what)", sourceLocation: sourceLocation)
+            return
+        }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+}
+
 extension AsyncSequence where Self: Sendable, Element: Sendable {
     /// The first `n` elements, or what arrived before `timeout`.
     func first(_ n: Int, timeout: Duration) async throws -> [Element] {
