@@ -1,0 +1,96 @@
+import Foundation
+import Testing
+
+@testable import FrontDeskModel
+
+/// Values from outside, however extreme, are range-checked before use.
+struct UntrustedValueTests {
+    let resolver = RouteResolver(table: try! RoutingTable.example())
+    let now = Date(timeIntervalSince1970: 1_778_665_264)
+
+    @Test func aCreatedAtLaterThanIntakeCountsAsIntakeTime() {
+        let aheads: [TimeInterval] = [60, 86_400 * 365 * 74, 1e12]
+        for ahead in aheads {
+            let request = DispatchRequest(
+                id: "d-1", input: "the agm agenda", user: nil, threadId: nil, project: nil, target: nil,
+                createdAt: now.addingTimeInterval(ahead))
+            let record = RouterDecision.decide(request, body: Data(), resolver: resolver, now: now, lifetimeSeconds: 14_400)
+            #expect(record.startedAt == RFC3339.format(now))
+            #expect(record.expiresAt == RFC3339.format(now.addingTimeInterval(14_400)))
+        }
+    }
+
+    @Test func repliesAreVersionedAndBounded() {
+        let final = Data(#"{"dispatchId":"d-1","attempt":1,"kind":"final","text":"ok"}"#.utf8)
+        #expect((try? AgentReply.classify(type: nil, body: final).get()) != nil)
+        #expect((try? AgentReply.classify(type: "frontdesk.reply.v1", body: final).get()) != nil)
+        func code(_ type: String?, _ body: String) -> DeadLetterCode? {
+            if case .failure(let r) = AgentReply.classify(type: type, body: Data(body.utf8)) { return r.code }
+            return nil
+        }
+        #expect(code("frontdesk.reply.v2", #"{"dispatchId":"d-1","attempt":1,"kind":"final"}"#) == .unsupportedVersion)
+        #expect(code(nil, #"{"dispatchId":"d-1","attempt":1,"kind":"final","text":""# + String(repeating: "x", count: 300_000) + #""}"#) == .tooLarge)
+        for attempt in ["1e300", "-9223372036854775808", "9223372036854775807", "1.5", "0", "NaN", "\"1\""] {
+            #expect(code(nil, #"{"dispatchId":"d-1","attempt":\#(attempt),"kind":"final"}"#) != nil, "attempt \(attempt)")
+        }
+        // An ETA out of range is no ETA: dropped, not shown.
+        for eta in ["1e300", "-1", "86400001", "2.5"] {
+            let reply = AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"progress","etaMs":\#(eta)}"#.utf8))
+            #expect(reply != nil && reply?.etaMs == nil, "etaMs \(eta)")
+        }
+    }
+
+    @Test func parkedCopiesWithSeqsOrAttemptsOutOfRangeAreNotRead() throws {
+        let record = DispatchRecord(
+            id: "d-1", bodyFingerprint: "x", outcome: .routed, input: "the agm agenda",
+            project: .init(id: "yemaya", name: "Yemaya", glyph: "YE"), target: .init(id: "board-prep", name: "Board Prep"),
+            invalid: false, startedAt: RFC3339.format(now), decidedAt: RFC3339.format(now),
+            expiresAt: RFC3339.format(now.addingTimeInterval(60)), lastSeq: 2)
+        let good = ParkedDispatch(
+            record: record, project: record.project!, target: record.target!, attempt: 1, everDelivered: false, lastSeq: 3, stepReached: 1)
+        let json = try #require(try JSONSerialization.jsonObject(with: good.jsonData()) as? [String: Any])
+        #expect(try ParkedDispatch(jsonData: good.jsonData()) == good)
+        for (key, value) in [("lastSeq", Int.max), ("lastSeq", -1), ("attempt", Int.min), ("attempt", 0), ("stepReached", 9)] {
+            var bad = json
+            bad[key] = value
+            #expect(throws: (any Error).self, "\(key) \(value)") { try ParkedDispatch(jsonData: JSONSerialization.data(withJSONObject: bad)) }
+        }
+    }
+
+    @Test func cancelReasonsAreLinesNotDocuments() {
+        let long = String(repeating: "x", count: IntakeClassifier.maxReasonScalars + 1)
+        let message = IntakeClassifier.classify(routingKey: "dispatch.cancel", type: nil, body: Data(#"{"id":"d-1","reason":"\#(long)"}"#.utf8))
+        guard case .reject(let code, _, _, _) = message else {
+            Issue.record("accepted a \(long.count)-character reason")
+            return
+        }
+        #expect(code == .invalidRequest)
+    }
+}
+
+struct SenderCommandTests {
+    @Test func commandsRoundTripThroughTheBodyTheRouterWrites() {
+        let commands: [SenderCommand] = [
+            .cancel(id: "d-1", reason: "changed my \"mind\"\n"), .reroute(id: "d.2:x", route: .init(project: "acme", target: "legal")),
+        ]
+        for c in commands { #expect(SenderCommand(type: c.type, body: c.jsonData()) == c) }
+        #expect(SenderCommand(type: "frontdesk.handoff.other.v1", body: commands[0].jsonData()) == nil)
+        #expect(SenderCommand(type: SenderCommand.cancelType, body: Data(#"{"id":"bad#id"}"#.utf8)) == nil)
+        #expect(SenderCommand(type: SenderCommand.rerouteType, body: Data(#"{"id":"d-1","project":"acme"}"#.utf8)) == nil)
+    }
+
+    @Test func pendingCommandsKeepACancelOverAReroutePruneByAgeAndUseUpReroutes() {
+        var pending = PendingCommands()
+        let t0 = Date(timeIntervalSince1970: 1_000_000)
+        pending.add(.reroute(id: "a", route: .init(project: "acme", target: "legal")), at: t0)
+        pending.add(.cancel(id: "a", reason: "user"), at: t0)
+        pending.add(.cancel(id: "a", reason: "second"), at: t0)
+        pending.add(.reroute(id: "b", route: .init(project: "acme", target: "ops")), at: t0.addingTimeInterval(100))
+        #expect(pending.cancelReason("a") == "user")
+        #expect(pending.takeReroute("b") == .init(project: "acme", target: "ops"))
+        #expect(pending.takeReroute("b") == nil)
+        #expect(pending.count == 1)
+        pending.prune(olderThan: 50, now: t0.addingTimeInterval(60))
+        #expect(pending.count == 0)
+    }
+}
