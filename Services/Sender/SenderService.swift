@@ -160,7 +160,7 @@ final class SenderService: Service {
                     log.ingest(d)
                     count += 1
                     if count % 100 == 0 { try? d.ack(multiple: true) }
-                    if count % 50_000 == 0 { log.prune(olderThan: lifetime) }
+                    if count % 50_000 == 0 { log.prune(olderThan: lifetime + SenderTerm.pruneMarginSeconds) }
                 }
             } catch {}
         }

@@ -71,7 +71,10 @@ extension SenderTerm {
                 finishedSincePrune += 1
                 if finishedSincePrune >= 4096 {
                     finishedSincePrune = 0
-                    statusLog.prune(olderThan: policy.lifetimeSeconds)
+                    // With a margin: a cancelled dispatch's copy may surface (its TTL
+                    // at its expiry) a little after the lifetime, and must still be
+                    // recognised as ended.
+                    statusLog.prune(olderThan: policy.lifetimeSeconds + Self.pruneMarginSeconds)
                 }
             }
             if let lease = h.lease { pendingAcks.append(lease) }
@@ -93,6 +96,8 @@ extension SenderTerm {
 }
 
 extension SenderTerm {
+    static let pruneMarginSeconds = 3600
+
     /// The dispatch now waits as `copy`: noted at once (a copy it supersedes
     /// may surface before the confirm), and recorded in the status log for
     /// later leaders, so that a cancel or reroute acts on it without the copy.

@@ -120,7 +120,10 @@ extension SenderTerm {
             // The agent left again: back to the head of the park queue.
             return try d.nack(requeue: true)
         }
-        if let to = pendingCommands.takeReroute(id), let parts = table.eventParts(to) {
+        // Events published after this copy mean it was taken up and delivered
+        // (by a leader that died with it in flight): a reroute then changes nothing.
+        let deliveredSince = Int(statusLog[id]?.lastSeq ?? 0) > parked.lastSeq
+        if let to = pendingCommands.takeReroute(id), !deliveredSince, let parts = table.eventParts(to) {
             // Rerouted while parked: take it to the new target instead.
             _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
             let actions = machine.received(now: now, targetOnline: online(to) && (presence[to]?.parked ?? 0) == 0)
@@ -178,8 +181,11 @@ extension SenderTerm {
         let id = command.id
         defer { pendingAcks.append(d) }
         if alreadyEnded(id) { return }
-        if held[id] == nil, let copy = statusLog.waiting(id),
-            let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: Int(statusLog[id]?.lastSeq ?? 0))
+        // The record is used only while nothing was published since it was
+        // written: a dispatch taken up since (by a leader that died with it
+        // in flight) is acted on when its copy comes back.
+        if held[id] == nil, let copy = statusLog.waiting(id), Int(statusLog[id]?.lastSeq ?? 0) <= copy.lastSeq,
+            let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
         {
             // Held from here on without a lease of its own: the copy in the
             // broker is settled when it surfaces.
@@ -210,8 +216,11 @@ extension SenderTerm {
     /// Keeps a command for a dispatch not seen yet; `persist` also appends
     /// it to the commands stream (confirmed with the batch), for later leaders.
     func remember(_ command: SenderCommand, persist: Bool) {
-        if pendingCommands.count >= Self.maxPendingCommands {
-            pendingCommands.prune(olderThan: policy.lifetimeSeconds, now: Date())
+        // At the cap, old commands are pruned at most once a minute: a flood
+        // of commands for unknown ids must not make each one cost a full pass.
+        if pendingCommands.count >= Self.maxPendingCommands, Date().timeIntervalSince(lastCommandsPrune) > 60 {
+            lastCommandsPrune = Date()
+            pendingCommands.prune(olderThan: policy.lifetimeSeconds, now: lastCommandsPrune)
         }
         guard pendingCommands.count < Self.maxPendingCommands else {
             metrics.commands.increment("dropped")

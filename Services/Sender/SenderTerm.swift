@@ -18,6 +18,11 @@ final class SenderTerm {
         /// Every `tickInterval`: the timers now due fire.
         case tick
         case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
+
+        var isCommand: Bool {
+            if case .inbox(let d) = self { return d.properties.type == SenderCommand.cancelType || d.properties.type == SenderCommand.rerouteType }
+            return false
+        }
     }
 
     /// A dispatch this term holds: its machine, the unacked message that
@@ -61,6 +66,7 @@ final class SenderTerm {
     /// Delay queues declared in this term.
     var delayQueues: Set<String> = []
     var pendingCommands = PendingCommands()
+    var lastCommandsPrune = Date.distantPast
     /// At most this many commands for dispatches not seen yet are kept (a
     /// flood of cancels for unknown ids must not grow memory without bound).
     static let maxPendingCommands = 100_000
@@ -92,7 +98,14 @@ final class SenderTerm {
 
     /// Runs the term until its connection fails or `stop` is set.
     func run(replayedCommands: [SenderCommand]) async throws {
-        for c in replayedCommands { remember(c, persist: false) }
+        // A reroute kept for a dispatch the sender has had since (its events
+        // go past routing) was applied then; replayed now it could undo a
+        // later reroute. Cancels are kept: one that was applied ended the
+        // dispatch, and a late copy of an ended dispatch is dropped anyway.
+        for c in replayedCommands {
+            if case .reroute = c, (statusLog[c.id]?.lastSeq ?? 0) > 2 { continue }
+            remember(c, persist: false)
+        }
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.
         let presenceChannel = try await connection.openChannel()
@@ -112,7 +125,10 @@ final class SenderTerm {
         // together: one publish window, settled by the settler.
         while let batch = await feed.next() {
             try settler.check()
-            for input in batch { try await handle(input) }
+            // Cancels and reroutes first: a dispatch that surfaces in the same
+            // batch must not be delivered before a command already in the broker.
+            for input in batch where input.isCommand { try await handle(input) }
+            for input in batch where !input.isCommand { try await handle(input) }
             try await flush()
         }
         try settler.check()

@@ -124,10 +124,9 @@ public enum IntakeClassifier {
     private static func cancel(id: String, _ object: [String: Any]) -> IntakeMessage {
         let (reason, problem) = optionalString(object, "reason")
         if let problem { return .reject(code: .invalidRequest, reason: problem, failedID: nil, input: nil) }
-        if let reason, reason.unicodeScalars.count > maxReasonScalars {
-            return .reject(code: .invalidRequest, reason: "'reason' must be at most \(maxReasonScalars) characters", failedID: nil, input: nil)
-        }
-        return .cancel(CancelCommand(id: id, reason: reason ?? "user"))
+        // The reason is shown to the user: a longer one is cut, and the cancel still cancels.
+        let shown = reason.map { String(String.UnicodeScalarView($0.unicodeScalars.prefix(maxReasonScalars))) }
+        return .cancel(CancelCommand(id: id, reason: shown ?? "user"))
     }
 
     private static func reroute(id: String, _ object: [String: Any]) -> IntakeMessage {

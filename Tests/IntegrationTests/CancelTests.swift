@@ -156,3 +156,36 @@ extension BrokerIntegration {
         }
     }
 }
+
+extension BrokerIntegration.CancelTests {
+    /// A dispatch parked, then delivered by a leader that died with it in
+    /// flight: the waiting record of before is out of date, and a reroute
+    /// under the next leader must change nothing (CONTRACT.md: once
+    /// delivered, a reroute changes nothing).
+    @Test func aRerouteAfterATakeoverOfADeliveredDispatchChangesNothing() async throws {
+        try await withHarness("reroute-after-delivery") { h in
+            try await h.startRouter()
+            let first = try await h.startSender()
+            try await h.waitUntilLeading(first)
+            try await h.publish("dispatch.request", #"{"id":"rd-1","input":"the agm agenda"}"#)
+            _ = try await h.events(until: "rd-1", reaches: "queued")
+            let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
+            _ = try await h.events(until: "rd-1", reaches: "sending")
+            kill(first.processIdentifier, SIGKILL)
+            await silent.stop()
+            let second = try await h.startSender()
+            try await h.waitUntilLeading(second)
+            try await h.publish("dispatch.reroute", #"{"id":"rd-1","project":"acme","target":"legal"}"#)
+            let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+            let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            let events = try await h.events(untilEnded: "rd-1")
+            let ended = try #require(events.last { $0["dispatchId"] as? String == "rd-1" })
+            #expect(ended["state"] as? String == "replied")
+            #expect((ended["target"] as? [String: Any])?["id"] as? String == "board-prep")
+            #expect(!events.contains { $0["dispatchId"] as? String == "rd-1" && ($0["target"] as? [String: Any])?["id"] as? String == "legal" })
+            #expect(await legal.tasks.all.isEmpty)
+            await legal.stop()
+            await board.stop()
+        }
+    }
+}
