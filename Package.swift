@@ -17,6 +17,12 @@ let package = Package(
             path: "Shared/CRabbitMQ",
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
+        // C: the HTTP server (libmicrohttpd) behind the probes.
+        .target(
+            name: "CMicroHTTPD",
+            path: "Shared/CMicroHTTPD",
+            linkerSettings: [.linkedLibrary("microhttpd")]
+        ),
         // AMQP 0-9-1 client on rabbitmq-c: knows nothing of dispatches.
         .target(name: "AMQP", dependencies: ["CRabbitMQ"], path: "Shared/AMQP"),
         // The pure model: messages, routing table, resolver, state machine. No I/O.
@@ -26,7 +32,7 @@ let package = Package(
             resources: [.copy("Resources/routes.example.json")]
         ),
         // Configuration, logs, HTTP probes, metrics, lifecycle.
-        .target(name: "ServiceKit", dependencies: ["AMQP", "FrontDeskModel"], path: "Shared/ServiceKit"),
+        .target(name: "ServiceKit", dependencies: ["AMQP", "FrontDeskModel", "CMicroHTTPD"], path: "Shared/ServiceKit"),
 
         .executableTarget(
             name: "frontdesk-router",

@@ -80,6 +80,8 @@ struct MetricsTests {
     }
 }
 
+struct ConnectFailed: Error {}
+
 @Suite("Probe listener")
 struct HTTPServerTests {
     @Test func servesHealthReadinessAndMetricsOverRealHTTP() async throws {
@@ -99,18 +101,56 @@ struct HTTPServerTests {
         #expect(try await get("\(base)/nope").0 == 404)
     }
 
-    @Test func parsesTheRequestLine() {
-        #expect(HTTPServer.parse(Array("GET /readyz?x=1 HTTP/1.1\r\nHost: a\r\n\r\n".utf8))?.path == "/readyz")
-        #expect(HTTPServer.parse(Array("garbage\r\n".utf8)) == nil)
-        #expect(HTTPServer.parse(Array("GET /x".utf8)) == nil)
+    @Test func answersWithinOneSecondWhileManyClientsHoldIdleOrDrippingConnections() async throws {
+        let server = try HTTPServer(host: "127.0.0.1", port: 0, handler: ProbeRoutes.handler(isReady: { true }, metrics: MetricsRegistry()))
+        defer { server.stop() }
+        // 200 connections that send nothing, and 20 that drip a request a byte at a time.
+        var sockets: [Int32] = []
+        defer { for fd in sockets { close(fd) } }
+        for n in 0..<220 {
+            let fd = try connectTCP(port: server.port)
+            sockets.append(fd)
+            if n >= 200 { _ = "G".withCString { send(fd, $0, 1, Int32(MSG_NOSIGNAL)) } }
+        }
+        for _ in 0..<5 {
+            let started = ContinuousClock.now
+            let (status, _) = try await get("http://127.0.0.1:\(server.port)/healthz")
+            #expect(status == 200)
+            #expect(ContinuousClock.now - started < .seconds(1), "healthz took \(ContinuousClock.now - started)")
+        }
+        // A query string is not part of the path; a method other than GET is refused.
+        #expect(try await get("http://127.0.0.1:\(server.port)/readyz?x=1").0 == 200)
+        #expect(try await request("http://127.0.0.1:\(server.port)/healthz", method: "POST").0 == 405)
     }
 
-    func get(_ url: String) async throws -> (Int, String) {
+    @Test func aPortInUseIsAClearError() throws {
+        let first = try HTTPServer(host: "127.0.0.1", port: 0, handler: { _ in HTTPResponse(status: 200, body: "") })
+        defer { first.stop() }
+        #expect(throws: HTTPServerError.self) { try HTTPServer(host: "127.0.0.1", port: first.port, handler: { _ in HTTPResponse(status: 200, body: "") }) }
+        #expect(throws: HTTPServerError.self) { try HTTPServer(host: "127.0.0.1", port: 70_000, handler: { _ in HTTPResponse(status: 200, body: "") }) }
+    }
+
+    func connectTCP(port: Int) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else { throw ConnectFailed() }
+        return fd
+    }
+
+    func get(_ url: String) async throws -> (Int, String) { try await request(url, method: "GET") }
+
+    func request(_ url: String, method: String) async throws -> (Int, String) {
         // Blocking client calls stay off the cooperative pool.
         try await withCheckedThrowingContinuation { c in
             let p = Process()
             p.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-            p.arguments = ["-s", "-w", "\n%{http_code}", url]
+            p.arguments = ["-s", "-X", method, "-w", "\n%{http_code}", url]
             let out = Pipe()
             p.standardOutput = out
             p.terminationHandler = { _ in

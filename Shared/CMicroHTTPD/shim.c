@@ -1,0 +1,101 @@
+#include "CMicroHTTPD.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct fd_http_server {
+    struct MHD_Daemon *daemon;
+    fd_http_handler handler;
+    void *context;
+    uint16_t port;
+};
+
+struct fd_http_answer {
+    unsigned status;
+    struct MHD_Response *response;
+};
+
+/// Requests to the probes carry no body: a marker for "headers seen".
+static int request_started;
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls) {
+    (void)version;
+    (void)upload_data;
+    fd_http_server *server = cls;
+    if (*con_cls == NULL) {
+        *con_cls = &request_started;
+        return MHD_YES;
+    }
+    if (*upload_data_size != 0) {  // a body is not read: skip it
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    fd_http_answer answer = {0, NULL};
+    server->handler(server->context, method, url, &answer);
+    if (answer.response == NULL) {
+        answer.status = 500;
+        answer.response = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        if (answer.response == NULL) return MHD_NO;
+    }
+    enum MHD_Result queued = MHD_queue_response(connection, answer.status, answer.response);
+    MHD_destroy_response(answer.response);
+    return queued;
+}
+
+void fd_http_answer_set(fd_http_answer *answer, unsigned status, const char *content_type, const void *body, size_t length) {
+    if (answer->response != NULL) MHD_destroy_response(answer->response);
+    answer->status = status;
+    answer->response = MHD_create_response_from_buffer(length, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (answer->response != NULL) {
+        MHD_add_response_header(answer->response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        MHD_add_response_header(answer->response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    }
+}
+
+fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_connections,
+                              fd_http_handler handler, void *context, char *error, size_t error_len) {
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof address);
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    if (inet_pton(AF_INET, host, &address.sin_addr) != 1) {
+        snprintf(error, error_len, "'%s' is not an IPv4 address", host);
+        return NULL;
+    }
+    fd_http_server *server = calloc(1, sizeof *server);
+    if (server == NULL) {
+        snprintf(error, error_len, "out of memory");
+        return NULL;
+    }
+    server->handler = handler;
+    server->context = context;
+    server->daemon = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO, port, NULL, NULL, on_request, server,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)256,
+        MHD_OPTION_END);
+    if (server->daemon == NULL) {
+        snprintf(error, error_len, "cannot listen on %s:%u", host, (unsigned)port);
+        free(server);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(server->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    server->port = info != NULL ? info->port : port;
+    return server;
+}
+
+uint16_t fd_http_port(const fd_http_server *server) { return server->port; }
+
+void fd_http_stop(fd_http_server *server) {
+    if (server == NULL) return;
+    MHD_stop_daemon(server->daemon);
+    free(server);
+}
