@@ -189,9 +189,16 @@ struct RouterService: Service {
             for _ in batch { metrics.handling.observe(seconds) }
         }
         guard !retries.isEmpty else { return .now(finish) }
-        return .later { [retries] in
-            // Back off a little, then hand them back: they come again, marked redelivered.
+        let blocked = failed.values.contains { ($0 as? AMQPError)?.code == .connectionBlocked }
+        return .later { [retries, client] in
+            // Back off a little, then hand them back: they come again, marked
+            // redelivered. While a resource alarm blocks publishing, wait for
+            // it to clear (up to 5 s at a time) instead of spinning.
             try? await Task.sleep(for: .milliseconds(200))
+            let until = ContinuousClock.now + .seconds(5)
+            while blocked, client.blockedReason != nil, ContinuousClock.now < until {
+                try? await Task.sleep(for: .milliseconds(100))
+            }
             for d in retries { try? d.nack(requeue: true) }
             finish()
         }

@@ -23,7 +23,8 @@ final class SenderService: Service {
         self.metrics = metrics
     }
 
-    var isReady: Bool { state.withLock { $0.ready } }
+    /// Connected with its topology declared, and the broker takes its publishes.
+    var isReady: Bool { state.withLock { $0.ready && $0.connection?.blockedReason == nil } }
     private var stopping: Bool { state.withLock { $0.stopping } }
 
     func shutdown() async {

@@ -68,6 +68,13 @@ public final class AMQPClient: Sendable {
 
     public var connectionState: ConnectionState { state.withLock { $0.connectionState } }
 
+    /// Why the broker blocks the current connection's publishes (a resource
+    /// alarm), or nil.
+    public var blockedReason: String? { state.withLock { $0.live?.connection.blockedReason } }
+
+    /// Connected, and the broker takes its publishes: what `/readyz` reports.
+    public var isReady: Bool { connectionState.isReady && blockedReason == nil }
+
     /// The current state, then every change, until the client closes.
     public func stateUpdates() -> AsyncStream<ConnectionState> {
         let (stream, continuation) = AsyncStream<ConnectionState>.makeStream(bufferingPolicy: .bufferingNewest(16))

@@ -79,7 +79,7 @@ public struct ServiceBootstrap: Sendable {
         do {
             let server = try HTTPServer(
                 port: configuration.httpPort,
-                handler: ProbeRoutes.handler(isReady: { client.connectionState.isReady }, metrics: metrics))
+                handler: ProbeRoutes.handler(isReady: { client.isReady }, metrics: metrics))
             logger.info("serving probes", [("port", .int(server.port))])
             return server
         } catch {

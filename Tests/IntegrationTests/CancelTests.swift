@@ -189,3 +189,31 @@ extension BrokerIntegration.CancelTests {
         }
     }
 }
+
+extension BrokerIntegration.UntrustedInputTests {
+    /// CONTRACT.md: /readyz is 200 only while the broker is not blocking the
+    /// service's publishes with a resource alarm; work resumes when it clears.
+    @Test func aResourceAlarmMakesTheRouterUnreadyUntilItClears() async throws {
+        try await withHarness("alarm") { h in
+            let first = try await h.startRouter()  // declares the topology
+            first.terminate()
+            first.waitUntilExit()
+            try await h.publish("dispatch.request", #"{"id":"al-1","input":"the agm agenda"}"#)
+            try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.000001"])
+            defer { _ = try? TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"]) }
+            // Started under the alarm: it takes the request, its publishes are blocked.
+            let router = try await h.start("frontdesk-router", extraEnvironment: [:], waitUntilReady: false)
+            // The broker says the router's connection is blocked (it tried to publish), and so does /readyz.
+            try await h.waitUntil("the broker blocks the router's connection") {
+                let rows = try TestBroker.script(["ctl", "list_connections", "vhost", "state", "--silent"])
+                return rows.split(separator: "\n").contains { $0.hasPrefix(h.vhost + "\t") && $0.hasSuffix("blocked") }
+            }
+            #expect(await h.probe(router, "/readyz") == 503)
+            #expect(await h.probe(router, "/healthz") == 200)
+            _ = try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"])
+            try await h.waitUntil("/readyz answers 200 once it cleared") { await h.probe(router, "/readyz") == 200 }
+            let events = try await h.events(until: "al-1", reaches: "routing")
+            #expect(events.filter { $0["dispatchId"] as? String == "al-1" }.compactMap { $0["state"] as? String } == ["drafted", "routing"])
+        }
+    }
+}

@@ -166,6 +166,12 @@ final class RouterHarness: @unchecked Sendable {
         try await channel.queueDeclare(queue, passive: true).messageCount
     }
 
+    /// The status of `path` on the probe port of `p` (0 when it does not answer).
+    func probe(_ p: Process, _ path: String) async -> Int {
+        guard let port = ports[p.processIdentifier] else { return 0 }
+        return (try? await probe(port: port, path: path)) ?? 0
+    }
+
     func metrics(_ p: Process) async throws -> String {
         guard let port = ports[p.processIdentifier] else { return "" }
         let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(port)/metrics")!)
@@ -201,7 +207,7 @@ final class RouterHarness: @unchecked Sendable {
         try await start("frontdesk-sender", extraEnvironment: extraEnvironment)
     }
 
-    func start(_ executable: String, extraEnvironment: [String: String]) async throws -> Process {
+    func start(_ executable: String, extraEnvironment: [String: String], waitUntilReady: Bool = true) async throws -> Process {
         let p = Process()
         p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent(executable)
         let port = 20000 + Int.random(in: 0..<20000)
@@ -219,6 +225,7 @@ final class RouterHarness: @unchecked Sendable {
         try p.run()
         processes.append(p)
         ports[p.processIdentifier] = port
+        if !waitUntilReady { return p }
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
             if (try? await probe(port: port, path: "/readyz")) == 200 { return p }
