@@ -58,6 +58,9 @@ expect_ready() {  # expect_ready PORT LABEL LOG: wait for /readyz
     check "$2" ready "not ready: $(tail -c 300 "$3")"
 }
 
+policy="$(bash scripts/broker.sh ctl list_queues -p "$VHOST" name policy --silent 2>/dev/null | awk '$1 == "frontdesk.dead" {print $2}')"
+check "frontdesk.dead is bounded by policy frontdesk-dead-limit" frontdesk-dead-limit "${policy:-none}"
+
 echo "check-deploy: services, agent and CLI each as its own user"
 AMQP_URL="$(url router)" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WORK/router.log" & PIDS+=($!)
 AMQP_URL="$(url sender)" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender.log" & PIDS+=($!)
