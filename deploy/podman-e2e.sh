@@ -78,8 +78,9 @@ echo "  frontdesk_agent_1 running: $(podman inspect frontdesk_agent_1 --format '
 echo "  router runs as uid $(podman exec frontdesk_router_1 id -u)"
 
 echo "podman-e2e: dispatch through the stack as the producer user"
-if podman run --rm --network host --health-cmd none localhost/frontdesk:latest frontdesk dispatch --json --id podman-e2e-1 \
-    --amqp-url "amqp://producer:$PRODUCER_PASSWORD@127.0.0.1:5672/frontdesk" \
+# The URL with its password goes in through the environment, never in a command's arguments.
+if AMQP_URL="amqp://producer:$PRODUCER_PASSWORD@127.0.0.1:5672/frontdesk" \
+    podman run --rm --network host --health-cmd none --env AMQP_URL localhost/frontdesk:latest frontdesk dispatch --json --id podman-e2e-1 \
     "Reply to Lisa about the AGM agenda — short, confirm 14:00" >"$WORK/dispatch.out" 2>"$WORK/dispatch.log"; then
     echo "  $(grep -c . "$WORK/dispatch.out") events; last: $(tail -n1 "$WORK/dispatch.out" | grep -o '"state":"[a-z]*"') $(tail -n1 "$WORK/dispatch.out" | grep -o '"project":{[^}]*}' | grep -o '"name":"[^"]*"')"
 else

@@ -46,9 +46,15 @@ done
 declare -A PASSWORD
 for role in "${ROLES[@]}"; do
     PASSWORD[$role]="$(openssl rand -hex 12)"
+done
+# The router's password holds the characters that end a URL's parts: it
+# must work (percent-encoded in the URL) and never show in logs or metrics.
+PASSWORD[router]="r/o?u@t%e:$(openssl rand -hex 6)"
+for role in "${ROLES[@]}"; do
     bash scripts/broker.sh ctl change_password "$role" "${PASSWORD[$role]}" >/dev/null
 done
-url() { echo "amqp://$1:${PASSWORD[$1]}@127.0.0.1:5682/$VHOST"; }
+encode() { python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$1"; }
+url() { echo "amqp://$1:$(encode "${PASSWORD[$1]}")@127.0.0.1:5682/$VHOST"; }
 
 expect_ready() {  # expect_ready PORT LABEL LOG: wait for /readyz
     for _ in $(seq 1 100); do
@@ -66,11 +72,11 @@ AMQP_URL="$(url router)" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WO
 AMQP_URL="$(url sender)" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender.log" & PIDS+=($!)
 expect_ready 9201 "router ready as user router" "$WORK/router.log"
 expect_ready 9202 "sender ready as user sender" "$WORK/sender.log"
-"$BIN/frontdesk" agent --target yemaya/board-prep --delay-ms 20 --amqp-url "$(url agent)" 2>"$WORK/agent.log" & PIDS+=($!)
-timeout 20 "$BIN/frontdesk" watch --format json --amqp-url "$(url surface)" >"$WORK/watch.out" 2>"$WORK/watch.log" & PIDS+=($!)
+AMQP_URL="$(url agent)" "$BIN/frontdesk" agent --target yemaya/board-prep --delay-ms 20 2>"$WORK/agent.log" & PIDS+=($!)
+AMQP_URL="$(url surface)" timeout 20 "$BIN/frontdesk" watch --format json >"$WORK/watch.out" 2>"$WORK/watch.log" & PIDS+=($!)
 sleep 1
-if timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa about the AGM agenda — short, confirm 14:00" --json \
-    --id check-deploy-1 --amqp-url "$(url producer)" >"$WORK/dispatch.out" 2>"$WORK/dispatch.log"; then
+if AMQP_URL="$(url producer)" timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa about the AGM agenda — short, confirm 14:00" --json \
+    --id check-deploy-1 >"$WORK/dispatch.out" 2>"$WORK/dispatch.log"; then
     check "frontdesk dispatch as producer ends replied" replied replied
 else
     check "frontdesk dispatch as producer ends replied" replied "exit $?: $(tail -c 300 "$WORK/dispatch.log")"
@@ -81,6 +87,14 @@ if grep '"check-deploy-1"' "$WORK/watch.out" | grep -q '"state":"replied"'; then
 else
     check "frontdesk watch as surface sees it replied" seen "not seen: $(tail -c 300 "$WORK/watch.log")"
 fi
+
+leaked=none
+for secret in "${PASSWORD[router]}" "$(encode "${PASSWORD[router]}")"; do
+    grep -qF -- "$secret" "$WORK/router.log" && leaked="in its log"
+    curl -fs http://127.0.0.1:9201/metrics | grep -qF -- "$secret" && leaked="in its metrics"
+    pgrep -af frontdesk | grep -qF -- "$secret" && leaked="in a process's arguments"
+done
+check "the router's password (with / ? @ %) shows nowhere" none "$leaked"
 
 echo "check-deploy: what each role must not do"
 probe() { python3 scripts/amqp-permissions.py "$(url "$1")" "${@:2}"; }
@@ -107,7 +121,7 @@ wait 2>/dev/null || true
 PIDS=()
 
 echo "check-deploy: TLS with peer verification (amqps on 5681)"
-tls_url() { echo "amqps://$1:${PASSWORD[$1]}@localhost:5681/$VHOST"; }
+tls_url() { echo "amqps://$1:$(encode "${PASSWORD[$1]}")@localhost:5681/$VHOST"; }
 AMQP_URL="$(tls_url router)" AMQP_CA_FILE="$FRONTDESK_TEST_CERTS/ca.pem" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WORK/router-tls.log" & PIDS+=($!)
 AMQP_URL="$(tls_url sender)" AMQP_CA_FILE="$FRONTDESK_TEST_CERTS/ca.pem" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender-tls.log" & PIDS+=($!)
 expect_ready 9201 "router over amqps, CA verified" "$WORK/router-tls.log"

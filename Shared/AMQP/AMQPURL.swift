@@ -127,12 +127,15 @@ public struct AMQPURL: Sendable, Equatable, CustomStringConvertible {
 
     /// Replaces the password of a URL-shaped string with `***`, for messages
     /// about URLs that did not parse.
+    /// A password typed without percent-escapes may hold `/`, `?` or `@`, so
+    /// everything from the first `:` after the user to the last `@` is
+    /// hidden: too much at worst, never a piece of the password. Each of
+    /// several comma-separated URLs is redacted on its own.
     public static func redact(_ text: String) -> String {
+        if text.contains(",") { return text.split(separator: ",", omittingEmptySubsequences: false).map { redact(String($0)) }.joined(separator: ",") }
         guard let scheme = text.range(of: "://") else { return text }
         let afterScheme = text[scheme.upperBound...]
-        let authorityEnd = afterScheme.firstIndex(where: { $0 == "/" || $0 == "?" }) ?? afterScheme.endIndex
-        let authority = afterScheme[..<authorityEnd]
-        guard let at = authority.lastIndex(of: "@"), let colon = authority[..<at].firstIndex(of: ":") else { return text }
+        guard let at = afterScheme.lastIndex(of: "@"), let colon = afterScheme[..<at].firstIndex(of: ":") else { return text }
         return String(text[..<colon]) + ":***" + String(text[at...])
     }
 

@@ -78,6 +78,19 @@ struct AMQPURLTests {
         } throws: { !"\($0)".contains("s3cr3t") && "\($0)".contains("***") }
         #expect(AMQPURL.redact("amqps://a:b@c/d") == "amqps://a:***@c/d")
         #expect(AMQPURL.redact("amqps://c/d") == "amqps://c/d")
+        // A password typed raw, with the characters that end a URL's parts.
+        for password in ["pa/ss", "p?ss", "p@ss", "p%zz", "a/b?c@d%"] {
+            let text = "amqp://user:\(password)@host:5672/vhost"
+            #expect(!AMQPURL.redact(text).contains(password), "\(password)")
+            #expect(AMQPURL.redact(text).hasPrefix("amqp://user:***@"))
+            do {
+                let url = try AMQPURL(parsing: text)
+                #expect(!url.description.contains(password))
+            } catch {
+                #expect(!"\(error)".contains(password), "the error shows \(password): \(error)")
+            }
+        }
+        #expect(AMQPURL.redact("amqp://a:x/y@h1/v,amqp://b:z?w@h2/v") == "amqp://a:***@h1/v,amqp://b:***@h2/v")
     }
 
     @Test func vhostIsEncodedInTheDescription() throws {
