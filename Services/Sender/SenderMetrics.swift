@@ -9,6 +9,7 @@ struct SenderMetrics: Sendable {
     let commands: Counter
     let parked: Gauge
     let agents: Gauge
+    let inFlight: Gauge
     let leader: Gauge
     let replyTime: Histogram
     let deadLetters: Counter
@@ -21,6 +22,7 @@ struct SenderMetrics: Sendable {
         commands = registry.counter("frontdesk_sender_commands_total", "cancels and reroutes applied", labels: ["kind"])
         parked = registry.gauge("frontdesk_sender_parked", "dispatches parked, per target", labels: ["target"])
         agents = registry.gauge("frontdesk_sender_agents", "agents consuming, per target, as the leader last saw them", labels: ["target"])
+        inFlight = registry.gauge("frontdesk_sender_in_flight", "dispatches with agents, per target", labels: ["target"])
         leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads")
         deadLetters = registry.counter("frontdesk_sender_dead_letters_total", "agent replies dead-lettered, by code", labels: ["code"])
         replyTime = registry.histogram(

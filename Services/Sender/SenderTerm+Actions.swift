@@ -8,8 +8,12 @@ extension SenderTerm {
 
     /// Carries out a machine's actions: publishes (confirmed, in order), the
     /// timer, and the lease (acked once the dispatch is parked anew or finished).
-    func execute(_ actions: [DispatchMachine.Action], id: String) async throws {
+    func execute(_ actions: [DispatchMachine.Action], id: String, window: LeaseWindow = .none) async throws {
         guard var h = held[id] else { return }
+        if h.inFlight == nil, actions.contains(where: { if case .deliver = $0 { true } else { false } }) {
+            h.inFlight = (h.machine.route, window)
+            countInFlight(h.machine.route, window, +1)
+        }
         var messages: [OutboundMessage] = []
         var release = false
         var timer: Date?? = nil
@@ -62,6 +66,7 @@ extension SenderTerm {
         pendingMessages += messages
         if release {
             held[id] = nil
+            if let f = h.inFlight { countInFlight(f.route, f.window, -1) }
             if case .finished(let state) = h.machine.phase {
                 metrics.dispatches.increment(state.rawValue)
                 statusLog.markFinished(id)
@@ -97,6 +102,13 @@ extension SenderTerm {
 
 extension SenderTerm {
     static let pruneMarginSeconds = 3600
+
+    func countInFlight(_ route: RoutingTable.Route, _ window: LeaseWindow, _ change: Int) {
+        let key = InFlightKey(route: route, window: window)
+        inFlightCounts[key, default: 0] += change
+        let total = [LeaseWindow.inbox, .retry, .park, .none].reduce(0) { $0 + (inFlightCounts[InFlightKey(route: route, window: $1)] ?? 0) }
+        metrics.inFlight.set(Double(total), route.description)
+    }
 
     /// The dispatch now waits as `copy`: noted at once (a copy it supersedes
     /// may surface before the confirm), and recorded in the status log for

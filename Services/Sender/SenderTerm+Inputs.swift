@@ -96,11 +96,14 @@ extension SenderTerm {
             _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
         }
         // First in, first out: while older dispatches wait in the park queue, a new one waits too.
+        // First in, first out: while older dispatches wait in the park queue, a
+        // new one waits too; and past its share of the inbox window, a target's
+        // new dispatches wait in its park queue (its own window), not here.
         let route = machine.route
-        let deliverNow = online(route) && (presence[route]?.parked ?? 0) == 0
+        let deliverNow = online(route) && (presence[route]?.parked ?? 0) == 0 && hasRoom(route, in: .inbox)
         let actions = machine.received(now: now, targetOnline: deliverNow)
         held[record.id] = Held(machine: machine, lease: d)
-        try await execute(actions, id: record.id)
+        try await execute(actions, id: record.id, window: .inbox)
     }
 
     private func takeUpParked(_ d: AMQPDelivery, route: RoutingTable.Route, now: Date) async throws {
@@ -128,11 +131,11 @@ extension SenderTerm {
             _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
             let actions = machine.received(now: now, targetOnline: online(to) && (presence[to]?.parked ?? 0) == 0)
             held[id] = Held(machine: machine, lease: d)
-            return try await execute(actions, id: id)
+            return try await execute(actions, id: id, window: .park)
         }
         let actions = machine.agentCameOnline(now: now)
         held[id] = Held(machine: machine, lease: d)
-        try await execute(actions, id: id)
+        try await execute(actions, id: id, window: .park)
     }
 
     private func expiredWhileParked(_ d: AMQPDelivery, now: Date) async throws {
@@ -144,16 +147,17 @@ extension SenderTerm {
 
     /// A retry wait ended in its delay queue: the next attempt, or a wait for an agent.
     private func retryDue(_ d: AMQPDelivery, now: Date) async throws {
-        try await takeUpWaiting(d, now: now) { [self] machine in
+        try await takeUpWaiting(d, now: now, window: .retry) { [self] machine in
             let due = min(machine.retryAtDate ?? now, machine.expiresAtDate)
-            return machine.timerFired(now: max(now, due), targetOnline: online(machine.route), jitter: 0)
+            let deliver = online(machine.route) && hasRoom(machine.route, in: .retry)
+            return machine.timerFired(now: max(now, due), targetOnline: deliver, jitter: 0)
         }
     }
 
     /// Takes up a dispatch that waited in the broker (dead-lettered back to
     /// this sender): a pending cancel wins, else `due` says what happens.
     private func takeUpWaiting(
-        _ d: AMQPDelivery, now: Date, due: (inout DispatchMachine) -> [DispatchMachine.Action]
+        _ d: AMQPDelivery, now: Date, window: LeaseWindow = .none, due: (inout DispatchMachine) -> [DispatchMachine.Action]
     ) async throws {
         guard let parked = try? ParkedDispatch(jsonData: d.body),
             var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
@@ -164,7 +168,7 @@ extension SenderTerm {
         }
         let actions = pendingCommands.cancelReason(id).map { machine.cancelRequested(reason: $0, now: now) } ?? due(&machine)
         held[id] = Held(machine: machine, lease: d)
-        try await execute(actions, id: id)
+        try await execute(actions, id: id, window: window)
     }
 
     /// A cancel or reroute, applied at once wherever the dispatch is: held

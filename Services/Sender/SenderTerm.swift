@@ -37,6 +37,41 @@ final class SenderTerm {
         /// Bumped whenever the machine sets or clears the timer: only an
         /// entry of the current generation fires.
         var timerGeneration = 0
+        /// Set while delivered to an agent: the route and the window its lease holds a slot of.
+        var inFlight: (route: RoutingTable.Route, window: LeaseWindow)?
+    }
+
+    /// Which consumer window a lease holds a slot of. The inbox and retry
+    /// windows are shared by all targets, so each target may hold only its
+    /// share of them with agents (`share`); past it, a dispatch waits in its
+    /// target's park queue, whose window is the target's own.
+    enum LeaseWindow: Sendable {
+        case inbox, retry, park, none
+    }
+
+    static let inboxPrefetch: UInt16 = 500
+    static let retryPrefetch: UInt16 = 100
+
+    /// How many of a shared window's slots one target's dispatches with
+    /// agents may hold: half the window split over the targets, so silent
+    /// or slow agents of any number of targets leave room for the others.
+    func share(of window: LeaseWindow) -> Int {
+        let targets = max(1, table.routes.count)
+        switch window {
+        case .inbox: return max(4, Int(Self.inboxPrefetch) / (2 * targets))
+        case .retry: return max(2, Int(Self.retryPrefetch) / (2 * targets))
+        case .park, .none: return Int.max
+        }
+    }
+
+    /// True when `route` may take one more slot of `window` for a delivery.
+    func hasRoom(_ route: RoutingTable.Route, in window: LeaseWindow) -> Bool {
+        (inFlightCounts[InFlightKey(route: route, window: window)] ?? 0) < share(of: window)
+    }
+
+    struct InFlightKey: Hashable {
+        let route: RoutingTable.Route
+        let window: LeaseWindow
     }
 
     /// How often due timers are looked for: reply timeouts and expiry fire
@@ -58,6 +93,8 @@ final class SenderTerm {
     var pendingAcks: [AMQPDelivery] = []
 
     var held: [String: Held] = [:]
+    /// Dispatches with agents, by target and the window their lease holds a slot of.
+    var inFlightCounts: [InFlightKey: Int] = [:]
     /// The held dispatches' timers, one heap for all (a sleeping task per
     /// dispatch cost a task switch to create and another to cancel).
     var timers = DeadlineQueue<String>()
@@ -110,10 +147,10 @@ final class SenderTerm {
         // once must go straight to an online agent, not through the park queue.
         let presenceChannel = try await connection.openChannel()
         try await presenceChanged(try await Self.presenceSnapshot(presenceChannel, table: table), now: Date())
-        try await forward(queue: SenderTopology.inbox, prefetch: 500) { .inbox($0) }
+        try await forward(queue: SenderTopology.inbox, prefetch: Self.inboxPrefetch) { .inbox($0) }
         try await forward(queue: SenderTopology.replies, prefetch: 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired, prefetch: 100) { .expired($0) }
-        try await forward(queue: SenderTopology.retry, prefetch: 100) { .retryDue($0) }
+        try await forward(queue: SenderTopology.retry, prefetch: Self.retryPrefetch) { .retryDue($0) }
         forwarders.append(Task { [feed, table] in
             await SenderTerm.pollPresence(channel: presenceChannel, table: table, feed: feed)
         })

@@ -217,3 +217,37 @@ extension BrokerIntegration.UntrustedInputTests {
         }
     }
 }
+
+extension BrokerIntegration.UntrustedInputTests {
+    /// CONTRACT.md: one target's agents — slow, silent, or holding hundreds
+    /// of tasks — never delay another target's dispatches.
+    @Test func aSilentAgentHoldingHundredsOfTasksDelaysNoOtherTarget() async throws {
+        try await withHarness("isolation") { h in
+            try await h.startRouter()
+            let sender = try await h.startSender()
+            let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .silent)
+            let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+            // More than the sender's whole inbox window (500) for the silent target.
+            for i in 0..<600 {
+                try await h.publish("dispatch.request", #"{"id":"iso-\#(i)","input":"the contract","project":"acme","target":"legal"}"#)
+            }
+            _ = try await h.events("all 600 accepted by the sender", within: .seconds(60)) { events in
+                Set(events.filter { ["sending", "queued"].contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String }).count >= 600
+            }
+            let started = ContinuousClock.now
+            try await h.publish("dispatch.request", #"{"id":"iso-other","input":"the agm agenda"}"#)
+            let events = try await h.events(untilEnded: "iso-other")
+            #expect(events.last { $0["dispatchId"] as? String == "iso-other" }?["state"] as? String == "replied")
+            #expect(ContinuousClock.now - started < .seconds(2), "the other target's dispatch took \(ContinuousClock.now - started)")
+            // The silent target's backlog with its agents is bounded, and measured.
+            let metrics = try await h.metrics(sender)
+            let line = metrics.split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_in_flight{target=\"acme/legal\"}") }
+            let inFlight = line.flatMap { Double($0.split(separator: " ").last ?? "") } ?? -1
+            #expect(inFlight > 0 && inFlight < 600, "in flight at acme/legal: \(inFlight)")
+            await silent.stop()
+            await board.stop()
+        }
+    }
+}
