@@ -2,10 +2,15 @@
 """Fuzzes the router's intake: N malformed messages — bad JSON, wrong types,
 huge fields, invalid UTF-8, control characters, ids and hints with #, *, .
 and spaces, wrong versions, unknown routing keys, random bytes, bad cancels
-and reroutes — interleaved with valid requests, against the real router,
-sender and an instant agent on the local broker. Checks: no service crashed;
-every bad message got exactly one dead letter with the expected code (matched
-by its message_id); every valid request ended replied (or, for hints naming
+and reroutes, hostile AMQP properties and headers (extreme timestamps, the
+producer's own user_id, CC/BCC naming internal queues, expiration,
+priority, deeply nested tables, long and invalid-UTF-8 short strings), and
+malformed agent replies — interleaved with valid requests (with hostile
+properties too), against the real router, sender and an instant agent on
+the local broker. Checks: no service crashed;
+every bad message or reply got exactly one dead letter with the expected
+code (matched by its message_id), carrying none of the properties a dead
+letter must not keep; every valid request ended replied (or, for hints naming
 no target, failed with unknown_target). Prints the tallies; exit 1 on any
 mismatch.
 
@@ -68,6 +73,38 @@ def malformed(rng, n):
     return "dispatch.request", json.dumps({"id": good_id, "input": "fine", "createdAt": "yesterday"}).encode(), None, "invalid_request"
 
 
+def hostile_properties(rng, mid, kind, user):
+    """Properties a hostile or merely unusual producer sets; the services must
+    neither copy them nor trip over them."""
+    nested = {"leaf": "x"}
+    for _ in range(rng.randrange(1, 40)):
+        nested = {"n": nested, "list": [1, "two", nested if rng.random() < 0.1 else 3]}
+    headers = {rng.choice(["CC", "BCC", "cc"]): [rng.choice(["frontdesk.replies", "frontdesk.sender.inbox", "frontdesk.dead"])],
+               "x-nested": nested, "x-big": "h" * rng.choice([0, 255, 5000]), "x-num": rng.choice([-(2**63), 2**63 - 1, 0])}
+    return pika.BasicProperties(
+        message_id=mid, type=kind, delivery_mode=2, content_type="application/json",
+        timestamp=rng.choice([0, 1, 2**63 - 1, 2**64 - 1]), user_id=user, headers=headers,
+        expiration=rng.choice([None, "600000", "4294967295"]), priority=rng.choice([None, 0, 9, 255]),
+        reply_to=rng.choice([None, "frontdesk.replies", "r" * 255]), correlation_id=rng.choice([None, "c" * 255]),
+        app_id=rng.choice([None, b"caf\xc3\x28\xed\xa0\x80", "a" * 255]))
+
+
+def bad_reply(rng, n):
+    """(body bytes, type property or None, expected code) of a reply that is none."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        return b"{not json", None, "invalid_json"
+    if kind == 1:
+        return json.dumps({"attempt": 1, "kind": "final"}).encode(), None, "invalid_request"
+    if kind == 2:
+        return json.dumps({"dispatchId": f"r-{n}", "attempt": rng.choice([0, -1, 1e300, 2**63, "1", None]), "kind": "final"}).encode(), None, "invalid_request"
+    if kind == 3:
+        return json.dumps({"dispatchId": f"r-{n}", "attempt": 1, "kind": "maybe"}).encode(), None, "invalid_request"
+    if kind == 4:
+        return json.dumps({"dispatchId": f"r-{n}", "attempt": 1, "kind": "final"}).encode(), "frontdesk.reply.v2", "unsupported_version"
+    return json.dumps({"dispatchId": f"r-{n}", "attempt": 1, "kind": "final", "text": "t" * 300_000}).encode(), None, "too_large"
+
+
 def valid(rng, n):
     """(routing_key, body, None, expected terminal state, expected error code)."""
     rid = f"fv-{n}" + rng.choice(["", ".dots.ok", ":colon", "_x"])
@@ -102,6 +139,7 @@ def main():
         status = harness.StatusSubscriber(vhost.url)
         status.start()
         dead = {}
+        leaks = []  # (message_id, properties a dead letter kept that it must not)
         dead_lock = threading.Lock()
 
         def read_dead():
@@ -111,8 +149,15 @@ def main():
             for method, properties, _ in channel.consume("frontdesk.dead", inactivity_timeout=0.5):
                 if method is None:
                     continue
+                headers = properties.headers or {}
+                kept = [name for name, value in (("user_id", properties.user_id), ("expiration", properties.expiration),
+                                                 ("priority", properties.priority), ("reply_to", properties.reply_to),
+                                                 ("app_id", properties.app_id)) if value is not None]
+                kept += [h for h in headers if h.upper() in ("CC", "BCC")]
                 with dead_lock:
-                    dead.setdefault(properties.message_id, []).append((properties.headers or {}).get("x-frontdesk-error"))
+                    dead.setdefault(properties.message_id, []).append(headers.get("x-frontdesk-error"))
+                    if kept:
+                        leaks.append((properties.message_id, kept))
                 channel.basic_ack(method.delivery_tag)
 
         threading.Thread(target=read_dead, daemon=True).start()
@@ -123,17 +168,31 @@ def main():
         channel.confirm_delivery()
         expected_dead, expected_valid = {}, {}
         started = time.time()
+        user = harness.user_of(vhost.url)
+        hostile = 0
         for n in range(args.count):
             key, body, kind, code = malformed(rng, n)
             mid = f"bad-{n}"
-            channel.basic_publish("frontdesk.commands", key, body, pika.BasicProperties(
-                message_id=mid, type=kind, delivery_mode=2, content_type="application/json"))
+            if rng.random() < 0.3:
+                properties = hostile_properties(rng, mid, kind, user)
+                hostile += 1
+            else:
+                properties = pika.BasicProperties(message_id=mid, type=kind, delivery_mode=2, content_type="application/json")
+            channel.basic_publish("frontdesk.commands", key, body, properties)
             expected_dead[mid] = code
             if n % args.valid_every == 0:
                 rid, vbody, state, vcode = valid(rng, n)
-                channel.basic_publish("frontdesk.commands", "dispatch.request", vbody, pika.BasicProperties(
-                    message_id=f"good-{n}", delivery_mode=2, content_type="application/json"))
+                properties = pika.BasicProperties(message_id=f"good-{n}", delivery_mode=2, content_type="application/json")
+                if rng.random() < 0.5:
+                    properties = hostile_properties(rng, f"good-{n}", None, user)
+                    hostile += 1
+                channel.basic_publish("frontdesk.commands", "dispatch.request", vbody, properties)
                 expected_valid[rid] = (state, vcode)
+                # An agent's reply that is none: the sender dead-letters it with the reason.
+                rbody, rtype, rcode = bad_reply(rng, n)
+                channel.basic_publish("", "frontdesk.replies", rbody, pika.BasicProperties(
+                    message_id=f"reply-{n}", type=rtype, delivery_mode=2, content_type="application/json"))
+                expected_dead[f"reply-{n}"] = rcode
         connection.close()
         published = time.time() - started
 
@@ -161,6 +220,8 @@ def main():
         extra = [m for m in seen if m not in expected_dead]
         if extra:
             problems.append(f"dead letters for valid requests: {extra[:5]}")
+        for mid, kept in leaks[:5]:
+            problems.append(f"{mid}: the dead letter kept {kept}")
         snapshot = status.snapshot()
         tallies, history_problems = harness.check_histories(snapshot, list(expected_valid))
         problems += history_problems
@@ -176,6 +237,8 @@ def main():
               f"published in {published:.1f} s, all settled in {elapsed:.1f} s")
         for code, (want, ok) in sorted(by_code.items()):
             print(f"  {code:20} {ok:6} / {want:6} dead-lettered with the right code, once")
+        print(f"  {hostile} messages with hostile properties (timestamps up to 2^64-1, user_id, CC/BCC, expiration, "
+              f"priority, nested tables, long or invalid-UTF-8 strings); dead letters that kept a property they must not: {len(leaks)}")
         print(f"  valid requests: {tallies['replied']} replied, {tallies['failed']} failed (hints naming no target), "
               f"{tallies['lost']} without an end")
         print(f"  services still running: router {router.process.poll() is None}, sender {sender.process.poll() is None}")

@@ -3,6 +3,7 @@ their own on the local broker, the services as processes, and an
 independent status subscriber. Standard library + pika only."""
 import json
 import os
+import urllib.parse
 import subprocess
 import threading
 import time
@@ -71,6 +72,11 @@ class Service:
     def crashed(self):
         """True when the process ended on its own (not by us) with a signal or error."""
         return self.process is not None and self.process.poll() not in (None, 0)
+
+
+def user_of(url):
+    """The login of an AMQP URL: what a producer may set as its user_id."""
+    return urllib.parse.unquote(urllib.parse.urlparse(url).username or "guest")
 
 
 def connect(url, attempts=60):
