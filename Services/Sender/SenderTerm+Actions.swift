@@ -7,70 +7,73 @@ extension SenderTerm {
     // MARK: Actions
 
     /// Carries out a machine's actions: publishes (confirmed, in order), the
-    /// timer, and the lease (acked once the dispatch is parked anew or finished).
+    /// timer, and the lease (acked once the dispatch is parked anew or
+    /// finished). The actions say everything: nothing is read back from the
+    /// machine.
     func execute(_ actions: [DispatchMachine.Action], id: String, window: LeaseWindow = .none) async throws {
         guard var h = held[id] else { return }
-        if h.inFlight == nil, actions.contains(where: { if case .deliver = $0 { true } else { false } }) {
-            h.inFlight = (h.machine.route, window)
-            countInFlight(h.machine.route, window, +1)
-        }
         var messages: [OutboundMessage] = []
         var release = false
+        var finished: DispatchState?
+        var repliedStartedAt: String?
         var timer: Date?? = nil
         for action in actions {
             switch action {
-            case .deliver(let attempt):
-                let task = AgentTask(h.machine, attempt: attempt)
+            case .deliver(let task):
+                let route = RoutingTable.Route(project: task.project.id, target: task.target.id)
                 messages.append(OutboundMessage(
-                    exchange: "", routingKey: SenderTopology.agentQueue(h.machine.route), body: task.jsonData(),
+                    exchange: "", routingKey: SenderTopology.agentQueue(route), body: task.jsonData(),
                     properties: .persistentJSON(messageID: task.messageID, correlationID: id, type: AgentTask.type)
                         .with(replyTo: SenderTopology.replies), mandatory: true))
                 metrics.deliveries.increment()
+                if h.inFlight == nil {
+                    h.inFlight = (route, window)
+                    countInFlight(route, window, +1)
+                }
             case .publish(let event):
                 messages.append(OutboundMessage(
                     exchange: SharedTopology.statusExchange, routingKey: event.routingKey, body: event.jsonData(),
                     properties: .persistentJSON(messageID: event.messageID, correlationID: id, type: StatusEvent.type)))
                 metrics.events.increment(event.state.rawValue)
                 if event.state == .queued, event.queue?.reason == "retry_wait" { metrics.retries.increment("retry_wait") }
-            case .park:
-                var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(h.machine.lastSeq)", correlationID: id, type: ParkedDispatch.type)
-                properties.expiration = String(SenderTopology.ttlMs(until: h.machine.expiresAtDate, now: Date()))
+                if event.state == .replied { repliedStartedAt = event.startedAt }
+            case .park(let copy, let until):
+                let route = RoutingTable.Route(project: copy.project.id, target: copy.target.id)
+                var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(copy.lastSeq)", correlationID: id, type: ParkedDispatch.type)
+                properties.expiration = String(SenderTopology.ttlMs(until: until, now: Date()))
                 messages.append(OutboundMessage(
-                    exchange: "", routingKey: SenderTopology.parkQueue(h.machine.route), body: h.machine.parked.jsonData(),
-                    properties: properties, mandatory: true))
-                messages.append(waitingRecord(h.machine.parked))
+                    exchange: "", routingKey: SenderTopology.parkQueue(route), body: copy.jsonData(), properties: properties, mandatory: true))
+                messages.append(waitingRecord(copy))
+                release = true
+            case .delay(let copy, let until):
+                // A retry waits in the broker, not here: in a delay queue whose TTL
+                // brings it back to frontdesk.sender.retry when it is due.
+                let (queue, ttl) = SenderTopology.delayQueue(ms: SenderTopology.ttlMs(until: until, now: Date()))
+                if !delayQueues.contains(queue) {
+                    try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
+                    delayQueues.insert(queue)
+                }
+                messages.append(OutboundMessage(
+                    exchange: "", routingKey: queue, body: copy.jsonData(),
+                    properties: .persistentJSON(messageID: "\(id)/retry/\(copy.attempt)", correlationID: id, type: ParkedDispatch.type),
+                    mandatory: true))
+                messages.append(waitingRecord(copy))
                 release = true
             case .setTimer(let date):
                 timer = .some(date)
-            case .finish:
+            case .finish(let state):
+                finished = state
                 release = true
             }
-        }
-        // A retry waits in the broker, not here: in a delay queue whose TTL
-        // brings it back to frontdesk.sender.retry when it is due.
-        if !release, let retryAt = h.machine.retryAtDate {
-            // Back when the retry is due, or when the lifetime ends if that is sooner.
-            let wakeAt = min(retryAt, h.machine.expiresAtDate)
-            let (queue, ttl) = SenderTopology.delayQueue(ms: SenderTopology.ttlMs(until: wakeAt, now: Date()))
-            if !delayQueues.contains(queue) {
-                try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
-                delayQueues.insert(queue)
-            }
-            messages.append(OutboundMessage(
-                exchange: "", routingKey: queue, body: h.machine.parked.jsonData(),
-                properties: .persistentJSON(messageID: "\(id)/retry/\(h.machine.attempt)", correlationID: id, type: ParkedDispatch.type),
-                mandatory: true))
-            messages.append(waitingRecord(h.machine.parked))
-            release = true
         }
         pendingMessages += messages
         if release {
             held[id] = nil
             if let f = h.inFlight { countInFlight(f.route, f.window, -1) }
-            if case .finished(let state) = h.machine.phase {
+            if let state = finished {
                 metrics.dispatches.increment(state.rawValue)
                 statusLog.markFinished(id)
-                if state == .replied, let started = RFC3339.parse(h.machine.record.startedAt) {
+                if let started = repliedStartedAt.flatMap(RFC3339.parse) {
                     metrics.replyTime.observe(Date().timeIntervalSince(started))
                 }
                 finishedSincePrune += 1

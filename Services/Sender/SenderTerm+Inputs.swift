@@ -17,12 +17,12 @@ extension SenderTerm {
                 logger.warning("unknown message in the sender inbox", [("type", .string(d.properties.type ?? "none"))])
                 try d.ack()
             }
-        case .parked(let d, let route):
-            try await takeUpParked(d, route: route, now: now)
+        case .parked(let d, _):
+            try await surfaced(d, .parked, window: .park, now: now)
         case .expired(let d):
-            try await expiredWhileParked(d, now: now)
+            try await surfaced(d, .expired, window: .none, now: now)
         case .retryDue(let d):
-            try await retryDue(d, now: now)
+            try await surfaced(d, .retryDue, window: .retry, now: now)
         case .reply(let d):
             switch AgentReply.classify(type: d.properties.type, body: d.body) {
             case .success(let reply):
@@ -54,121 +54,57 @@ extension SenderTerm {
         }
     }
 
-    /// The seq to number above: what the status log shows for the dispatch,
-    /// and for a lease handed back by a dead leader a margin above anything
-    /// it may have published that the log has not shown yet.
-    private func seqFloor(_ d: AMQPDelivery, base: Int, id: String) -> Int {
-        // Clamped: a header value, however large, must not overflow the seq.
-        let count = min(max(Int(d.properties.headers?["x-delivery-count"]?.intValue ?? (d.redelivered ? 1 : 0)), 0), 1000)
-        return max(base, Int(statusLog[id]?.lastSeq ?? 0)) + count * 1000
+    /// How often the broker handed this message out before: a lease handed
+    /// back by a dead leader numbers its events above a margin.
+    private func deliveryCount(_ d: AMQPDelivery) -> Int {
+        Int(clamping: d.properties.headers?["x-delivery-count"]?.intValue ?? (d.redelivered ? 1 : 0))
     }
 
-    /// True when the status log shows the dispatch ended: anything more for it is a late copy.
-    private func alreadyEnded(_ id: String) -> Bool { statusLog[id]?.ended == true }
+    /// The targets as the decisions see them, for a lease in `window`.
+    private func targets(_ window: LeaseWindow) -> (RoutingTable.Route) -> TargetView {
+        { [self] route in TargetView(online: online(route), parked: Int(presence[route]?.parked ?? 0), hasRoom: hasRoom(route, in: window)) }
+    }
 
     private func handOff(_ d: AMQPDelivery, now: Date) async throws {
-        guard let record = try? DispatchRecord(jsonData: d.body),
-            var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(d, base: 2, id: record.id))
-        else {
+        guard let record = try? DispatchRecord(jsonData: d.body) else {
             logger.warning("unreadable hand-off dropped", [("message_id", .string(d.properties.messageID ?? ""))])
             return try d.ack()
         }
-        // A hand-off sent again (by a router that died before its ack): the
-        // sender has published for this dispatch already. A redelivered one is
-        // a lease to resume, unless the dispatch ended.
-        let known = statusLog[record.id]
-        let publishedBefore = (known?.lastSeq ?? 0) > 2
-        guard held[record.id] == nil, known?.accepted != true, known?.ended != true,
-            d.redelivered || !publishedBefore
-        else {
-            logger.info("duplicate hand-off dropped", [("dispatch_id", .string(record.id))])
-            metrics.dispatches.increment("duplicate")
-            return try d.ack()
+        let outcome = SenderDecisions.handOff(
+            record, redelivered: d.redelivered, deliveryCount: deliveryCount(d), known: statusLog.knowledge(record.id),
+            held: held[record.id] != nil, pending: &pendingCommands, target: targets(.inbox), parts: table.eventParts,
+            policy: policy, now: now)
+        if case .take = outcome {
+            statusLog.markAccepted(record.id)
+            metrics.dispatches.increment("received")
         }
-        statusLog.markAccepted(record.id)
-        metrics.dispatches.increment("received")
-        if let reason = pendingCommands.cancelReason(record.id) {
-            let actions = machine.cancelRequested(reason: reason, now: now)
-            held[record.id] = Held(machine: machine, lease: d)
-            return try await execute(actions, id: record.id)
-        }
-        if let route = pendingCommands.takeReroute(record.id), let parts = table.eventParts(route) {
-            _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
-        }
-        // First in, first out: while older dispatches wait in the park queue, a new one waits too.
-        // First in, first out: while older dispatches wait in the park queue, a
-        // new one waits too; and past its share of the inbox window, a target's
-        // new dispatches wait in its park queue (its own window), not here.
-        let route = machine.route
-        let deliverNow = online(route) && (presence[route]?.parked ?? 0) == 0 && hasRoom(route, in: .inbox)
-        let actions = machine.received(now: now, targetOnline: deliverNow)
-        held[record.id] = Held(machine: machine, lease: d)
-        try await execute(actions, id: record.id, window: .inbox)
+        try await carryOut(outcome, d, id: record.id, window: .inbox)
     }
 
-    private func takeUpParked(_ d: AMQPDelivery, route: RoutingTable.Route, now: Date) async throws {
-        guard let parked = try? ParkedDispatch(jsonData: d.body),
-            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
-        else { return try d.ack() }
-        let id = parked.record.id
-        guard held[id] == nil, !alreadyEnded(id), !statusLog.superseded(id, copySeq: parked.lastSeq) else {
-            return try d.ack()  // a second copy, or one superseded by a reroute or a newer wait
-        }
-        if let reason = pendingCommands.cancelReason(id) {
-            let actions = machine.cancelRequested(reason: reason, now: now)
+    /// A copy that surfaced from a park, delay or expiry queue.
+    private func surfaced(_ d: AMQPDelivery, _ wait: SenderDecisions.Wait, window: LeaseWindow, now: Date) async throws {
+        guard let copy = try? ParkedDispatch(jsonData: d.body) else { return try d.ack() }
+        let id = copy.record.id
+        let outcome = SenderDecisions.surfaced(
+            copy, wait, deliveryCount: deliveryCount(d), known: statusLog.knowledge(id), held: held[id] != nil,
+            pending: &pendingCommands, target: targets(window), parts: table.eventParts, policy: policy, now: now)
+        try await carryOut(outcome, d, id: id, window: window)
+    }
+
+    private func carryOut(_ outcome: SenderDecisions.Outcome, _ d: AMQPDelivery, id: String, window: LeaseWindow) async throws {
+        switch outcome {
+        case .drop(let why):
+            if why == .duplicateHandOff {
+                logger.info("duplicate hand-off dropped", [("dispatch_id", .string(id))])
+                metrics.dispatches.increment("duplicate")
+            }
+            try d.ack()
+        case .requeue:
+            try d.nack(requeue: true)
+        case .take(let machine, let actions):
             held[id] = Held(machine: machine, lease: d)
-            return try await execute(actions, id: id)
+            try await execute(actions, id: id, window: window)
         }
-        guard online(route) else {
-            // The agent left again: back to the head of the park queue.
-            return try d.nack(requeue: true)
-        }
-        // Events published after this copy mean it was taken up and delivered
-        // (by a leader that died with it in flight): a reroute then changes nothing.
-        let deliveredSince = Int(statusLog[id]?.lastSeq ?? 0) > parked.lastSeq
-        if let to = pendingCommands.takeReroute(id), !deliveredSince, let parts = table.eventParts(to) {
-            // Rerouted while parked: take it to the new target instead.
-            _ = machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
-            let actions = machine.received(now: now, targetOnline: online(to) && (presence[to]?.parked ?? 0) == 0)
-            held[id] = Held(machine: machine, lease: d)
-            return try await execute(actions, id: id, window: .park)
-        }
-        let actions = machine.agentCameOnline(now: now)
-        held[id] = Held(machine: machine, lease: d)
-        try await execute(actions, id: id, window: .park)
-    }
-
-    private func expiredWhileParked(_ d: AMQPDelivery, now: Date) async throws {
-        // TTL can run out a little early; the machine fails it at expiresAt.
-        try await takeUpWaiting(d, now: now) { machine in
-            machine.timerFired(now: max(now, machine.expiresAtDate), targetOnline: false, jitter: 0)
-        }
-    }
-
-    /// A retry wait ended in its delay queue: the next attempt, or a wait for an agent.
-    private func retryDue(_ d: AMQPDelivery, now: Date) async throws {
-        try await takeUpWaiting(d, now: now, window: .retry) { [self] machine in
-            let due = min(machine.retryAtDate ?? now, machine.expiresAtDate)
-            let deliver = online(machine.route) && hasRoom(machine.route, in: .retry)
-            return machine.timerFired(now: max(now, due), targetOnline: deliver, jitter: 0)
-        }
-    }
-
-    /// Takes up a dispatch that waited in the broker (dead-lettered back to
-    /// this sender): a pending cancel wins, else `due` says what happens.
-    private func takeUpWaiting(
-        _ d: AMQPDelivery, now: Date, window: LeaseWindow = .none, due: (inout DispatchMachine) -> [DispatchMachine.Action]
-    ) async throws {
-        guard let parked = try? ParkedDispatch(jsonData: d.body),
-            var machine = DispatchMachine(parked: parked, policy: policy, seqFloor: seqFloor(d, base: parked.lastSeq, id: parked.record.id))
-        else { return try d.ack() }
-        let id = parked.record.id
-        guard held[id] == nil, !alreadyEnded(id), !statusLog.superseded(id, copySeq: parked.lastSeq) else {
-            return try d.ack()  // a second copy, or one superseded
-        }
-        let actions = pendingCommands.cancelReason(id).map { machine.cancelRequested(reason: $0, now: now) } ?? due(&machine)
-        held[id] = Held(machine: machine, lease: d)
-        try await execute(actions, id: id, window: window)
     }
 
     /// A cancel or reroute, applied at once wherever the dispatch is: held
@@ -184,18 +120,15 @@ extension SenderTerm {
         }
         let id = command.id
         defer { pendingAcks.append(d) }
-        if alreadyEnded(id) { return }
-        // The record is used only while nothing was published since it was
-        // written: a dispatch taken up since (by a leader that died with it
-        // in flight) is acted on when its copy comes back.
-        if held[id] == nil, let copy = statusLog.waiting(id), Int(statusLog[id]?.lastSeq ?? 0) <= copy.lastSeq,
-            let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
-        {
-            // Held from here on without a lease of its own: the copy in the
-            // broker is settled when it surfaces.
+        switch SenderDecisions.command(command, known: statusLog.knowledge(id), held: held[id] != nil, policy: policy) {
+        case .ignore: return
+        case .remember: return remember(command, persist: true)
+        case .actOnCopy(let machine):
+            // Held from here on without a lease of its own.
             held[id] = Held(machine: machine, lease: nil)
+        case .applyToHeld: break
         }
-        guard var h = held[id] else { return remember(command, persist: true) }
+        guard var h = held[id] else { return }
         var actions: [DispatchMachine.Action] = []
         switch command {
         case .cancel(_, let reason):

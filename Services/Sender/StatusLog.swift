@@ -68,12 +68,13 @@ final class StatusLog: Sendable {
     /// The type of a waiting record in the log: the body of a copy just parked or delayed.
     static let waitingType = "frontdesk.sender.waiting.v1"
 
-    /// The waiting copy of a dispatch that is not ended, as last parked or delayed.
-    func waiting(_ id: String) -> ParkedDispatch? { state.withLock { $0.waiting[id] } }
-
-    /// True when a copy with this seq is not the dispatch's current one.
-    func superseded(_ id: String, copySeq: Int) -> Bool {
-        Int32(clamping: copySeq) < (self[id]?.copySeq ?? 0)
+    /// What is known of a dispatch, for the term's decisions.
+    func knowledge(_ id: String) -> DispatchKnowledge? {
+        state.withLock { s in
+            guard let e = s.entries[id] else { return nil }
+            return DispatchKnowledge(
+                lastSeq: Int(e.lastSeq), copySeq: Int(e.copySeq), ended: e.ended, accepted: e.accepted, waiting: s.waiting[id])
+        }
     }
 
     /// The dispatch now waits as `copy` (noted by the leader as it publishes

@@ -43,16 +43,20 @@ public struct DispatchMachine: Sendable {
         case finished(DispatchState)
     }
 
+    /// Complete: carrying one out needs nothing read back from the machine.
     public enum Action: Sendable, Equatable {
-        /// Publish this task attempt to the target's agent queue (before the event that follows).
-        case deliver(attempt: Int)
+        /// Publish this task to its target's agent queue (before the event that follows).
+        case deliver(AgentTask)
         case publish(StatusEvent)
         /// Arm (or re-arm) the one timer of this dispatch for `at`; `nil` disarms it.
         case setTimer(Date?)
-        /// Keep the dispatch parked durably at its (current) target.
-        case park
-        /// The dispatch ended: release whatever holds it.
-        case finish
+        /// Keep the dispatch parked durably at its target, as this copy, until its lifetime ends.
+        case park(ParkedDispatch, until: Date)
+        /// A retry waits durably, as this copy, until `until` (when it is due,
+        /// or when the lifetime ends if that is sooner).
+        case delay(ParkedDispatch, until: Date)
+        /// The dispatch ended in this state: release whatever holds it.
+        case finish(DispatchState)
     }
 
     public let record: DispatchRecord
@@ -113,7 +117,7 @@ public struct DispatchMachine: Sendable {
         guard case .parked = phase else { return [] }
         if now >= expiresAt { return expire(now: now) }
         if targetOnline { return deliver(now: now) }
-        return [.park, event(.queued, now: now, queue: .init(reason: "agent_offline")), .setTimer(expiresAt)]
+        return parkAndQueue(now: now)
     }
 
     public mutating func agentCameOnline(now: Date) -> [Action] {
@@ -130,7 +134,7 @@ public struct DispatchMachine: Sendable {
         if attempt > policy.maxAttempts { return fail(now: now, "retries_exhausted", "no final reply after \(policy.maxAttempts) attempts") }
         phase = .parked
         latestEtaMs = nil
-        return [.park, event(.queued, now: now, queue: .init(reason: "agent_offline")), .setTimer(expiresAt)]
+        return parkAndQueue(now: now)
     }
 
     /// The one timer fired: a retry is due, the reply timed out, or the dispatch
@@ -143,7 +147,7 @@ public struct DispatchMachine: Sendable {
             phase = .parked
             if targetOnline { return deliver(now: now) }
             // queued → queued: the retry wait became a wait for an agent.
-            return [.park, event(.queued, now: now, queue: .init(reason: "agent_offline")), .setTimer(expiresAt)]
+            return parkAndQueue(now: now)
         case .inFlight(let deliveredAt) where now >= deliveredAt.addingTimeInterval(TimeInterval(policy.replyTimeoutSeconds)):
             return retryOrFail(now: now, unit: jitter, reason: "no final reply within \(policy.replyTimeoutSeconds) s")
         default:
@@ -164,7 +168,7 @@ public struct DispatchMachine: Sendable {
             latestEtaMs = nil
             phase = .finished(.replied)
             stepReached = 3
-            return [event(.replied, now: now), .setTimer(nil), .finish]
+            return [event(.replied, now: now), .setTimer(nil), .finish(.replied)]
         case .error:
             latestEtaMs = nil
             guard reply.retryable else {
@@ -181,7 +185,7 @@ public struct DispatchMachine: Sendable {
         latestEtaMs = nil
         var e = makeEvent(.cancelled, now: now)
         e.cancel = .init(reason: reason)
-        return [.publish(e), .setTimer(nil), .finish]
+        return [.publish(e), .setTimer(nil), .finish(.cancelled)]
     }
 
     public enum RerouteOutcome: Sendable, Equatable {
@@ -198,10 +202,16 @@ public struct DispatchMachine: Sendable {
         self.project = project
         self.target = target
         if targetOnline { return .moved(deliver(now: now)) }
-        return .moved([.park, event(.queued, now: now, queue: .init(reason: "agent_offline")), .setTimer(expiresAt)])
+        return .moved(parkAndQueue(now: now))
     }
 
     // MARK: Steps
+
+    /// queued (agent_offline) with the copy that holds it durably.
+    private mutating func parkAndQueue(now: Date) -> [Action] {
+        let queued = event(.queued, now: now, queue: .init(reason: "agent_offline"))
+        return [.park(parked, until: expiresAt), queued, .setTimer(expiresAt)]
+    }
 
     private var nextDeadline: Date {
         switch phase {
@@ -219,7 +229,7 @@ public struct DispatchMachine: Sendable {
         latestText = ""
         latestActivity = nil
         let sending = event(.sending, now: now)
-        return [.deliver(attempt: attempt), sending, .setTimer(nextDeadline)]
+        return [.deliver(AgentTask(self, attempt: attempt)), sending, .setTimer(nextDeadline)]
     }
 
     private mutating func retryOrFail(now: Date, unit: Double, reason: String) -> [Action] {
@@ -230,7 +240,8 @@ public struct DispatchMachine: Sendable {
         let retryAt = now.addingTimeInterval(Double(delay) / 1000)
         attempt += 1
         phase = .retryWait(retryAt: retryAt)
-        return [event(.queued, now: now, queue: .init(reason: "retry_wait", retryAt: RFC3339.format(retryAt))), .setTimer(nextDeadline)]
+        let queued = event(.queued, now: now, queue: .init(reason: "retry_wait", retryAt: RFC3339.format(retryAt)))
+        return [.delay(parked, until: min(retryAt, expiresAt)), queued, .setTimer(nextDeadline)]
     }
 
     private mutating func expire(now: Date) -> [Action] {
@@ -242,7 +253,7 @@ public struct DispatchMachine: Sendable {
         latestEtaMs = nil
         var e = makeEvent(.failed, now: now)
         e.error = .init(code: code, message: message)
-        return [.publish(e), .setTimer(nil), .finish]
+        return [.publish(e), .setTimer(nil), .finish(.failed)]
     }
 
     // MARK: Events

@@ -14,6 +14,13 @@ func routedRecord(lifetime: Double = 14_400) -> DispatchRecord {
         startedAt: RFC3339.format(at(0)), decidedAt: RFC3339.format(at(0.01)), expiresAt: RFC3339.format(at(lifetime)), lastSeq: 2)
 }
 
+extension DispatchMachine.Action {
+    var isPark: Bool { if case .park = self { true } else { false } }
+    var isFinish: Bool { if case .finish = self { true } else { false } }
+    /// The attempt of a task delivered, if this is one.
+    var deliveredAttempt: Int? { if case .deliver(let task) = self { task.attempt } else { nil } }
+}
+
 extension [DispatchMachine.Action] {
     var events: [StatusEvent] { compactMap { if case .publish(let e) = $0 { e } else { nil } } }
     var states: [DispatchState] { events.map(\.state) }
@@ -36,14 +43,14 @@ struct DispatchMachineTests {
     @Test func offlineTargetQueuesThenDeliversWhenAnAgentComes() {
         var m = machine()
         let queued = m.received(now: at(1), targetOnline: false)
-        #expect(queued.first == .park)
+        #expect(queued.first?.isPark == true)
         let q = queued.events[0]
         #expect(q.state == .queued && q.seq == 3 && q.step == 1 && q.attempt == 1)
         #expect(q.queue == .init(reason: "agent_offline") && q.etaMs == nil && q.preview == nil)
         #expect(q.activity == "Queued — will dispatch on reconnect")
         #expect(q.project?.id == "yemaya" && q.input == routedRecord().input && q.routingKey == "status.yemaya.board-prep.queued")
         let sent = m.agentCameOnline(now: at(30))
-        #expect(sent.first == .deliver(attempt: 1))
+        #expect(sent.first?.deliveredAttempt == 1)
         #expect(sent.states == [.sending])
         #expect(sent.events[0].seq == 4 && sent.events[0].step == 2 && sent.events[0].elapsedMs == 30_000)
         #expect(sent.timer == .some(at(630)))  // the reply timeout
@@ -51,7 +58,7 @@ struct DispatchMachineTests {
 
     @Test func repliesStreamIntoSendingThenReplied() {
         var m = machine()
-        #expect(m.received(now: at(1), targetOnline: true).first == .deliver(attempt: 1))
+        #expect(m.received(now: at(1), targetOnline: true).first?.deliveredAttempt == 1)
         let progress = m.replyReceived(reply(.progress, text: "Hi Lisa, confirmed for 14:00 on Thursday.\n\nThe agenda", activity: "Drafting reply", eta: 2000), now: at(4), jitter: 0)
         let p = progress.events[0]
         #expect(p.state == .sending && p.activity == "Drafting reply" && p.etaMs == 2000)
@@ -61,7 +68,7 @@ struct DispatchMachineTests {
         let final = m.replyReceived(reply(.final, text: "Hi Lisa,\nconfirmed."), now: at(6), jitter: 0)
         #expect(final.states == [.replied])
         #expect(final.events[0].reply == "Hi Lisa,\nconfirmed." && final.events[0].step == 3 && final.events[0].etaMs == nil)
-        #expect(final.contains(.finish))
+        #expect(final.contains { $0.isFinish })
         #expect(m.replyReceived(reply(.progress, text: "late"), now: at(7), jitter: 0).isEmpty)
         #expect(m.cancelRequested(reason: "user", now: at(8)).isEmpty)
     }
@@ -73,7 +80,7 @@ struct DispatchMachineTests {
         _ = m.agentWentOffline(now: at(3))
         #expect(m.attempt == 2)
         #expect(m.replyReceived(reply(.final, attempt: 1, text: "stale"), now: at(4), jitter: 0).isEmpty)
-        #expect(m.agentCameOnline(now: at(5)).first == .deliver(attempt: 2))
+        #expect(m.agentCameOnline(now: at(5)).first?.deliveredAttempt == 2)
         #expect(m.replyReceived(reply(.final, attempt: 2, text: "ok"), now: at(6), jitter: 0).states == [.replied])
     }
 
@@ -82,7 +89,7 @@ struct DispatchMachineTests {
         _ = m.received(now: at(1), targetOnline: true)
         _ = m.replyReceived(reply(.progress, text: "half", eta: 900), now: at(2), jitter: 0)
         let back = m.agentWentOffline(now: at(3))
-        #expect(back.first == .park)
+        #expect(back.first?.isPark == true)
         #expect(back.events[0].state == .queued && back.events[0].queue?.reason == "agent_offline")
         #expect(back.events[0].attempt == 2 && back.events[0].step == 2 && back.events[0].etaMs == nil && back.events[0].preview == nil)
     }
@@ -101,7 +108,7 @@ struct DispatchMachineTests {
         let early = m.timerFired(now: retryAt.addingTimeInterval(-0.001), targetOnline: true, jitter: 0)
         #expect(early == [.setTimer(retryAt)])
         let retry = m.timerFired(now: retryAt, targetOnline: true, jitter: 0)
-        #expect(retry.first == .deliver(attempt: 2))
+        #expect(retry.first?.deliveredAttempt == 2)
         #expect(retry.states == [.sending])
     }
 
@@ -110,9 +117,9 @@ struct DispatchMachineTests {
         _ = m.received(now: at(1), targetOnline: true)
         _ = m.replyReceived(reply(.error, retryable: true), now: at(2), jitter: 0)
         let later = m.timerFired(now: at(3), targetOnline: false, jitter: 0)
-        #expect(later.first == .park)
+        #expect(later.first?.isPark == true)
         #expect(later.events.map { $0.queue?.reason } == ["agent_offline"])
-        #expect(m.agentCameOnline(now: at(9)).first == .deliver(attempt: 2))
+        #expect(m.agentCameOnline(now: at(9)).first?.deliveredAttempt == 2)
     }
 
     @Test func retriesRunOutAfterMaxAttempts() {
@@ -125,11 +132,11 @@ struct DispatchMachineTests {
             if attempt < 3 {
                 #expect(out.states == [.queued])
                 now += 10
-                #expect(m.timerFired(now: at(now), targetOnline: true, jitter: 0).first == .deliver(attempt: attempt + 1))
+                #expect(m.timerFired(now: at(now), targetOnline: true, jitter: 0).first?.deliveredAttempt == attempt + 1)
             } else {
                 #expect(out.states == [.failed])
                 #expect(out.events[0].error?.code == "retries_exhausted")
-                #expect(out.contains(.finish))
+                #expect(out.contains { $0.isFinish })
             }
         }
     }
@@ -175,7 +182,7 @@ struct DispatchMachineTests {
         let out = m.cancelRequested(reason: "user", now: at(2))
         #expect(out.states == [.cancelled] && out.events[0].cancel == .init(reason: "user"))
         #expect(out.events[0].step == (delivered ? 2 : 1))
-        #expect(out.contains(.setTimer(nil)) && out.contains(.finish))
+        #expect(out.contains(.setTimer(nil)) && out.contains { $0.isFinish })
         #expect(m.agentCameOnline(now: at(3)).isEmpty)
         #expect(m.timerFired(now: at(20_000), targetOnline: true, jitter: 0).isEmpty)
     }
@@ -190,7 +197,7 @@ struct DispatchMachineTests {
             return
         }
         #expect(out.states == [.queued] && out.events[0].routingKey == "status.acme.legal.queued")
-        #expect(m.agentCameOnline(now: at(3)).first == .deliver(attempt: 1))
+        #expect(m.agentCameOnline(now: at(3)).first?.deliveredAttempt == 1)
         #expect(m.route.description == "acme/legal")
         #expect(m.rerouteRequested(project: .init(id: "yemaya", name: "Yemaya", glyph: "YE"), target: .init(id: "board-prep", name: "Board Prep"), now: at(4), targetOnline: true) == .refused)
     }
@@ -255,5 +262,24 @@ struct DispatchMachineTests {
             #expect(rejection.code.rawValue == expected, "\(body)")
             #expect(rejection.reason.count > 10)
         }
+    }
+}
+
+extension DispatchMachineTests {
+    /// The actions are complete: the copy to park or delay, its deadline and
+    /// the task carry everything, so the sender reads nothing back from the machine.
+    @Test func actionsCarryTheirCopiesTasksAndDeadlines() throws {
+        var m = machine(lifetime: 30)
+        let queued = m.received(now: at(1), targetOnline: false)
+        guard case .park(let copy, let until) = queued.first else { return #expect(Bool(false), "no park") }
+        #expect(copy.lastSeq == queued.events.first?.seq && copy == m.parked && until == at(30))
+        let sent = m.agentCameOnline(now: at(2))
+        guard case .deliver(let task) = sent.first else { return #expect(Bool(false), "no task") }
+        #expect(task.attempt == 1 && task.dispatchId == "d-1" && task.target.id == "board-prep" && task.deadline == RFC3339.format(at(30)))
+        let wait = m.replyReceived(reply(.error, retryable: true), now: at(3), jitter: 0)
+        guard case .delay(let delayed, let wake) = wait.first else { return #expect(Bool(false), "no delay") }
+        #expect(delayed.retryAt == wait.events.first?.queue?.retryAt && delayed.attempt == 2 && delayed.lastSeq == wait.events.first?.seq)
+        #expect(wake == RFC3339.parse(delayed.retryAt ?? ""))
+        #expect(m.cancelRequested(reason: "user", now: at(4)).last == .finish(.cancelled))
     }
 }

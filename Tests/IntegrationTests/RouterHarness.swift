@@ -215,13 +215,19 @@ final class RouterHarness: @unchecked Sendable {
         env["AMQP_URL"] = "amqp://guest:guest@\(url.host):\(url.port)/\(vhost)"
         env["FRONTDESK_ROUTES"] = tableFile
         env["FRONTDESK_HTTP_PORT"] = "\(port)"
-        env["FRONTDESK_LOG_LEVEL"] = "warning"
+        env["FRONTDESK_LOG_LEVEL"] = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"] == nil ? "warning" : "debug"
         for (k, v) in extraEnvironment { env[k] = v }
         p.environment = env
         // No inherited descriptors: a router that outlived its test must not
         // hold the test runner's output open.
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
+        // FRONTDESK_TEST_LOG_DIR keeps each service's log, for a failure to be read.
+        if let dir = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"] {
+            let file = "\(dir)/\(vhost)-\(executable)-\(port).log"
+            _ = FileManager.default.createFile(atPath: file, contents: nil)
+            p.standardError = FileHandle(forWritingAtPath: file) ?? FileHandle.nullDevice
+        }
         try p.run()
         processes.append(p)
         ports[p.processIdentifier] = port

@@ -1,0 +1,196 @@
+import Foundation
+
+/// What the sender's leader knows of one dispatch: from the status log at
+/// takeover (events and waiting records of every earlier leader) and its own
+/// events and copies since.
+public struct DispatchKnowledge: Sendable, Equatable {
+    /// The highest seq published for it.
+    public var lastSeq: Int
+    /// The seq of its current waiting copy (park or delay queue); a copy
+    /// with a lower seq was superseded.
+    public var copySeq: Int
+    /// A terminal event was published (or this term finished it).
+    public var ended: Bool
+    /// This term took a hand-off of it: another hand-off is a duplicate.
+    public var accepted: Bool
+    /// Its current waiting copy, while it waits and has not ended.
+    public var waiting: ParkedDispatch?
+
+    public init(lastSeq: Int = 0, copySeq: Int = 0, ended: Bool = false, accepted: Bool = false, waiting: ParkedDispatch? = nil) {
+        self.lastSeq = lastSeq
+        self.copySeq = copySeq
+        self.ended = ended
+        self.accepted = accepted
+        self.waiting = waiting
+    }
+}
+
+/// A target as the leader sees it when it decides.
+public struct TargetView: Sendable, Equatable {
+    /// An agent consumes its queue.
+    public var online: Bool
+    /// Dispatches waiting in its park queue (older ones go first).
+    public var parked: Int
+    /// It may take one more slot of the window the dispatch's lease is in.
+    public var hasRoom: Bool
+
+    public init(online: Bool, parked: Int = 0, hasRoom: Bool = true) {
+        self.online = online
+        self.parked = parked
+        self.hasRoom = hasRoom
+    }
+
+    /// A new dispatch goes straight to an agent: one is there, none older
+    /// waits before it, and the target has room.
+    public var takesNew: Bool { online && parked == 0 && hasRoom }
+}
+
+/// The sender term's decisions, as pure functions of what it knows: which
+/// hand-off or surfacing copy is a duplicate, what a pending cancel or
+/// reroute does to it, where a command acts. The term carries out the
+/// outcome (publishes, acks, timers); `DispatchMachine` decides each
+/// dispatch's own steps. Times come in as arguments, so the tests drive
+/// every race with a manual clock.
+public enum SenderDecisions {
+    /// What to do with a hand-off or a copy that came out of a queue.
+    public enum Outcome: Sendable {
+        /// A duplicate, a late copy, or unreadable: ack it and do nothing.
+        case drop(Drop)
+        /// Not now (its target has no agent): back to the head of its queue.
+        case requeue
+        /// Hold it with this machine and carry out these actions.
+        case take(DispatchMachine, [DispatchMachine.Action])
+    }
+
+    /// Why a message is dropped.
+    public enum Drop: String, Sendable, Equatable {
+        case unreadable = "unreadable"
+        case duplicateHandOff = "a hand-off of a dispatch already taken"
+        case secondCopy = "a second copy of a dispatch held"
+        case ended = "its dispatch ended"
+        case superseded = "superseded by a newer copy"
+    }
+
+    /// Where a cancel or reroute acts.
+    public enum CommandOutcome: Sendable {
+        /// The dispatch ended: nothing to do.
+        case ignore
+        /// The term holds it (in flight): apply it to the held machine.
+        case applyToHeld
+        /// It waits in a queue and nothing was published since its copy:
+        /// act on this machine, made from the copy the log keeps (the copy
+        /// in the broker is dropped when it surfaces).
+        case actOnCopy(DispatchMachine)
+        /// Not seen yet (or taken up by a leader that died with it):
+        /// remember it until the dispatch or its copy shows up.
+        case remember
+    }
+
+    /// Which kind of waiting copy surfaced.
+    public enum Wait: Sendable, Equatable {
+        /// From the target's park queue, taken because an agent came.
+        case parked
+        /// Its retry wait ended in its delay queue.
+        case retryDue
+        /// Its TTL ran out in a park queue: the lifetime ended.
+        case expired
+    }
+
+    /// Runs `step` on the machine first, then takes the machine as it is
+    /// after it: `.take(machine, machine.step())` would hold the machine as
+    /// it was before (arguments are evaluated left to right).
+    static func take(_ machine: DispatchMachine, _ step: (inout DispatchMachine) -> [DispatchMachine.Action]) -> Outcome {
+        var m = machine
+        let actions = step(&m)
+        return .take(m, actions)
+    }
+
+    /// The seq to number above: what is known, and for a message handed
+    /// back by a dead leader (`deliveryCount` > 0) a margin of 1,000 a time
+    /// above anything it may have published that is not known yet. Clamped:
+    /// a header value, however large, cannot overflow it.
+    public static func seqFloor(base: Int, known: DispatchKnowledge?, deliveryCount: Int) -> Int {
+        let count = min(max(deliveryCount, 0), 1000)
+        return max(base, known?.lastSeq ?? 0) + count * 1000
+    }
+
+    /// A hand-off from the router.
+    public static func handOff(
+        _ record: DispatchRecord, redelivered: Bool, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
+        pending: inout PendingCommands, target: (RoutingTable.Route) -> TargetView,
+        parts: (RoutingTable.Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)?,
+        policy: RetryPolicy, now: Date
+    ) -> Outcome {
+        guard var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(base: 2, known: known, deliveryCount: deliveryCount))
+        else { return .drop(.unreadable) }
+        // Sent again by a router that died before its ack: the sender has
+        // published for it already. A redelivered one is a lease to resume,
+        // unless the dispatch ended.
+        let publishedBefore = (known?.lastSeq ?? 0) > 2
+        guard !held, known?.accepted != true, known?.ended != true, redelivered || !publishedBefore else {
+            return .drop(.duplicateHandOff)
+        }
+        if let reason = pending.cancelReason(record.id) {
+            return take(machine) { $0.cancelRequested(reason: reason, now: now) }
+        }
+        if let route = pending.takeReroute(record.id), let p = parts(route) {
+            _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
+        }
+        let takesNew = target(machine.route).takesNew
+        return take(machine) { $0.received(now: now, targetOnline: takesNew) }
+    }
+
+    /// A copy that surfaced from a park, delay or expiry queue.
+    public static func surfaced(
+        _ copy: ParkedDispatch, _ wait: Wait, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
+        pending: inout PendingCommands, target: (RoutingTable.Route) -> TargetView,
+        parts: (RoutingTable.Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)?,
+        policy: RetryPolicy, now: Date
+    ) -> Outcome {
+        let id = copy.record.id
+        guard var machine = DispatchMachine(parked: copy, policy: policy, seqFloor: seqFloor(base: copy.lastSeq, known: known, deliveryCount: deliveryCount))
+        else { return .drop(.unreadable) }
+        if held { return .drop(.secondCopy) }
+        if known?.ended == true { return .drop(.ended) }
+        if copy.lastSeq < (known?.copySeq ?? 0) { return .drop(.superseded) }
+        if let reason = pending.cancelReason(id) {
+            return take(machine) { $0.cancelRequested(reason: reason, now: now) }
+        }
+        switch wait {
+        case .expired:
+            // A TTL can run out a little early; the machine fails it at expiresAt.
+            return take(machine) { $0.timerFired(now: max(now, $0.expiresAtDate), targetOnline: false, jitter: 0) }
+        case .retryDue:
+            let due = min(machine.retryAtDate ?? now, machine.expiresAtDate)
+            let view = target(machine.route)
+            return take(machine) { $0.timerFired(now: max(now, due), targetOnline: view.online && view.hasRoom, jitter: 0) }
+        case .parked:
+            guard target(machine.route).online else { return .requeue }  // the agent left again
+            // Events published after this copy mean it was taken up and
+            // delivered (by a leader that died with it in flight): a reroute
+            // then changes nothing.
+            let deliveredSince = (known?.lastSeq ?? 0) > copy.lastSeq
+            if let to = pending.takeReroute(id), !deliveredSince, let p = parts(to) {
+                _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
+                let view = target(to)
+                return take(machine) { $0.received(now: now, targetOnline: view.online && view.parked == 0) }
+            }
+            return take(machine) { $0.agentCameOnline(now: now) }
+        }
+    }
+
+    /// A cancel or reroute.
+    public static func command(_ command: SenderCommand, known: DispatchKnowledge?, held: Bool, policy: RetryPolicy) -> CommandOutcome {
+        if known?.ended == true { return .ignore }
+        if held { return .applyToHeld }
+        // The copy the log keeps is used only while nothing was published
+        // since it was written: a dispatch taken up since (by a leader that
+        // died with it in flight) is acted on when its copy comes back.
+        if let known, let copy = known.waiting, known.lastSeq <= copy.lastSeq,
+            let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
+        {
+            return .actOnCopy(machine)
+        }
+        return .remember
+    }
+}

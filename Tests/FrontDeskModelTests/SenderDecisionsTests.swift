@@ -1,0 +1,244 @@
+import Foundation
+@testable import FrontDeskModel
+import Testing
+
+/// The sender term's decisions, driven with a manual clock (`at`): the races
+/// between cancels, reroutes, copies that surface from queues, and leader
+/// changes, as the leader knows them.
+@Suite("Sender decisions")
+struct SenderDecisionsTests {
+    let policy = RetryPolicy(baseMs: 1000, maxMs: 60_000, maxAttempts: 3, replyTimeoutSeconds: 600)
+    let board = RoutingTable.Route(project: "yemaya", target: "board-prep")
+    let legal = RoutingTable.Route(project: "acme", target: "legal")
+
+    func parts(_ r: RoutingTable.Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)? {
+        switch r.target {
+        case "board-prep": (.init(id: "yemaya", name: "Yemaya", glyph: "YE"), .init(id: "board-prep", name: "Board Prep"))
+        case "legal": (.init(id: "acme", name: "Acme Corp", glyph: "AC"), .init(id: "legal", name: "Legal"))
+        default: nil
+        }
+    }
+
+    /// Every target offline, or every one online with room.
+    func targets(online: Bool, parked: Int = 0, hasRoom: Bool = true) -> (RoutingTable.Route) -> TargetView {
+        { _ in TargetView(online: online, parked: parked, hasRoom: hasRoom) }
+    }
+
+    /// The dispatch as it waits after being queued for an offline target at `at(1)`: its copy and what the log knows.
+    func queuedCopy() -> (ParkedDispatch, DispatchKnowledge) {
+        var m = DispatchMachine(record: routedRecord(), policy: policy)!
+        _ = m.received(now: at(1), targetOnline: false)
+        let copy = m.parked
+        return (copy, DispatchKnowledge(lastSeq: copy.lastSeq, copySeq: copy.lastSeq, waiting: copy))
+    }
+
+    /// The dispatch waiting for a retry after a retryable error at `at(2)`.
+    func retryWaitCopy() -> (ParkedDispatch, DispatchKnowledge) {
+        var m = DispatchMachine(record: routedRecord(), policy: policy)!
+        _ = m.received(now: at(1), targetOnline: true)
+        _ = m.replyReceived(reply(.error, retryable: true), now: at(2), jitter: 0.5)
+        let copy = m.parked
+        return (copy, DispatchKnowledge(lastSeq: copy.lastSeq, copySeq: copy.lastSeq, waiting: copy))
+    }
+
+    func actions(_ outcome: SenderDecisions.Outcome) -> [DispatchMachine.Action]? {
+        if case .take(_, let a) = outcome { return a }
+        return nil
+    }
+
+    func dropped(_ outcome: SenderDecisions.Outcome) -> SenderDecisions.Drop? {
+        if case .drop(let why) = outcome { return why }
+        return nil
+    }
+
+    /// Applies a command the way the term does, returning the actions.
+    func apply(_ command: SenderCommand, known: DispatchKnowledge?) -> [DispatchMachine.Action]? {
+        guard case .actOnCopy(var m) = SenderDecisions.command(command, known: known, held: false, policy: policy) else { return nil }
+        switch command {
+        case .cancel(_, let reason): return m.cancelRequested(reason: reason, now: at(3))
+        case .reroute(_, let route):
+            let p = parts(route)!
+            if case .moved(let a) = m.rerouteRequested(project: p.project, target: p.target, now: at(3), targetOnline: false) { return a }
+            return []
+        }
+    }
+
+    @Test func aCancelRightAfterQueuedEndsTheWaitingDispatchAtOnce() throws {
+        let (copy, known) = queuedCopy()
+        let a = try #require(apply(.cancel(id: "d-1", reason: "user"), known: known))
+        #expect(a.states == [.cancelled])
+        #expect(a.events.first?.seq == copy.lastSeq + 1 && a.events.first?.cancel?.reason == "user")
+        #expect(a.last == .finish(.cancelled))
+    }
+
+    @Test func aCancelDuringARetryWaitEndsItAtOnce() throws {
+        let (copy, known) = retryWaitCopy()
+        #expect(copy.retryAt != nil)
+        let a = try #require(apply(.cancel(id: "d-1", reason: "user"), known: known))
+        #expect(a.states == [.cancelled] && a.events.first?.step == 2)
+    }
+
+    /// The copy in the broker, surfacing after the dispatch ended — under this leader or a later one, which
+    /// learns of the end from the log.
+    @Test(arguments: [SenderDecisions.Wait.parked, .retryDue, .expired])
+    func aCopyThatSurfacesAfterACancelIsDropped(_ wait: SenderDecisions.Wait) {
+        let (copy, known) = wait == .retryDue ? retryWaitCopy() : queuedCopy()
+        var ended = known
+        ended.ended = true
+        ended.lastSeq += 1
+        ended.waiting = nil
+        var pending = PendingCommands()
+        for deliveryCount in [0, 3] {
+            let outcome = SenderDecisions.surfaced(
+                copy, wait, deliveryCount: deliveryCount, known: ended, held: false, pending: &pending,
+                target: targets(online: true), parts: parts, policy: policy, now: at(10))
+            #expect(dropped(outcome) == .ended)
+        }
+    }
+
+    @Test func aRerouteMovesTheCopyAndTheOldOneIsDroppedThenACancelEndsTheNewOne() throws {
+        let (old, known) = queuedCopy()
+        let moved = try #require(apply(.reroute(id: "d-1", route: legal), known: known))
+        #expect(moved.first?.isPark == true && moved.states == [.queued])
+        let queued = try #require(moved.events.first)
+        #expect(queued.target?.id == "legal" && queued.seq == old.lastSeq + 1 && queued.queue?.reason == "agent_offline")
+        // What the leader knows once the new copy is parked.
+        var m = DispatchMachine(parked: old, policy: policy)!
+        _ = m.rerouteRequested(project: parts(legal)!.project, target: parts(legal)!.target, now: at(3), targetOnline: false)
+        let new = m.parked
+        let after = DispatchKnowledge(lastSeq: new.lastSeq, copySeq: new.lastSeq, waiting: new)
+        var pending = PendingCommands()
+        // The old copy surfaces when the old target comes online: superseded.
+        let oldOutcome = SenderDecisions.surfaced(
+            old, .parked, deliveryCount: 0, known: after, held: false, pending: &pending,
+            target: targets(online: true), parts: parts, policy: policy, now: at(4))
+        #expect(dropped(oldOutcome) == .superseded)
+        // A cancel now acts on the new copy.
+        let cancelled = try #require(apply(.cancel(id: "d-1", reason: "user"), known: after))
+        #expect(cancelled.states == [.cancelled] && cancelled.events.first?.seq == new.lastSeq + 1)
+        #expect(cancelled.events.first?.target?.id == "legal")
+        // Without the cancel, the new copy is delivered at the new target.
+        let newOutcome = SenderDecisions.surfaced(
+            new, .parked, deliveryCount: 0, known: after, held: false, pending: &pending,
+            target: targets(online: true), parts: parts, policy: policy, now: at(5))
+        let delivered = try #require(actions(newOutcome))
+        #expect(delivered.first?.deliveredAttempt == 1 && delivered.events.first?.target?.id == "legal")
+    }
+
+    /// Cases of a command, by what the leader knows.
+    static let commandCases: [(String, DispatchKnowledge?, Bool, String)] = [
+        ("not seen yet", nil, false, "remember"),
+        ("ended", DispatchKnowledge(lastSeq: 5, ended: true), false, "ignore"),
+        ("held in flight", DispatchKnowledge(lastSeq: 3), true, "applyToHeld"),
+        ("handed to the sender, never waiting", DispatchKnowledge(lastSeq: 2, accepted: true), false, "remember"),
+    ]
+
+    @Test(arguments: 0..<commandCases.count)
+    func whereACommandActs(_ i: Int) {
+        let (name, known, held, expected) = Self.commandCases[i]
+        let outcome = SenderDecisions.command(.cancel(id: "d-1", reason: "user"), known: known, held: held, policy: policy)
+        let got: String = switch outcome {
+        case .ignore: "ignore"
+        case .applyToHeld: "applyToHeld"
+        case .actOnCopy: "actOnCopy"
+        case .remember: "remember"
+        }
+        #expect(got == expected, "\(name)")
+    }
+
+    /// A leader died with the dispatch in flight: the log shows a `sending`
+    /// after its waiting copy. The copy is out of date, so a reroute is kept
+    /// for when the copy comes back — and then changes nothing, since the
+    /// dispatch was delivered.
+    @Test func aRerouteAfterATakeoverOfADeliveredDispatchChangesNothing() throws {
+        let (copy, known) = queuedCopy()
+        var afterDelivery = known
+        afterDelivery.lastSeq = copy.lastSeq + 1  // the dead leader's sending
+        guard case .remember = SenderDecisions.command(.reroute(id: "d-1", route: legal), known: afterDelivery, held: false, policy: policy)
+        else {
+            Issue.record("acted on an out-of-date copy")
+            return
+        }
+        var pending = PendingCommands()
+        pending.add(.reroute(id: "d-1", route: legal), at: at(3))
+        let outcome = SenderDecisions.surfaced(
+            copy, .parked, deliveryCount: 1, known: afterDelivery, held: false, pending: &pending,
+            target: targets(online: true), parts: parts, policy: policy, now: at(4))
+        let a = try #require(actions(outcome))
+        #expect(a.first?.deliveredAttempt == 1 && a.events.first?.target?.id == "board-prep")
+        // Numbered above anything the dead leader may have published.
+        #expect((a.events.first?.seq ?? 0) > afterDelivery.lastSeq + 1000 - 1)
+    }
+
+    @Test func aCancelKeptBeforeTheRequestEndsTheHandOffAndAParkedCopyWaitsForAnAgent() throws {
+        var pending = PendingCommands()
+        pending.add(.cancel(id: "d-1", reason: "changed my mind"), at: at(0))
+        let handOff = SenderDecisions.handOff(
+            routedRecord(), redelivered: false, deliveryCount: 0, known: nil, held: false, pending: &pending,
+            target: targets(online: true), parts: parts, policy: policy, now: at(1))
+        let a = try #require(actions(handOff))
+        #expect(a.states == [.cancelled] && a.events.first?.cancel?.reason == "changed my mind" && a.events.first?.seq == 3)
+        // A parked copy with no agent goes back to the head of its queue.
+        let (copy, known) = queuedCopy()
+        var none = PendingCommands()
+        let outcome = SenderDecisions.surfaced(
+            copy, .parked, deliveryCount: 0, known: known, held: false, pending: &none,
+            target: targets(online: false), parts: parts, policy: policy, now: at(2))
+        guard case .requeue = outcome else {
+            Issue.record("expected requeue")
+            return
+        }
+    }
+
+    /// Hand-offs, by what is known and how the target stands.
+    static let handOffCases: [(String, DispatchKnowledge?, Bool, Int, TargetView, String)] = [
+        ("new, agent there", nil, false, 0, .init(online: true), "deliver"),
+        ("new, older ones wait (first in, first out)", nil, false, 0, .init(online: true, parked: 3), "park"),
+        ("new, the target used its share of the window", nil, false, 0, .init(online: true, hasRoom: false), "park"),
+        ("new, no agent", nil, false, 0, .init(online: false), "park"),
+        ("a second hand-off in this term", DispatchKnowledge(lastSeq: 3, accepted: true), false, 0, .init(online: true), "drop"),
+        ("sent again after the sender published", DispatchKnowledge(lastSeq: 4), false, 0, .init(online: true), "drop"),
+        ("a lease handed back, not ended", DispatchKnowledge(lastSeq: 4), true, 1, .init(online: true), "deliver"),
+        ("a lease handed back, ended", DispatchKnowledge(lastSeq: 5, ended: true), true, 1, .init(online: true), "drop"),
+    ]
+
+    @Test(arguments: 0..<handOffCases.count)
+    func handOffs(_ i: Int) {
+        let (name, known, redelivered, count, view, expected) = Self.handOffCases[i]
+        var pending = PendingCommands()
+        let outcome = SenderDecisions.handOff(
+            routedRecord(), redelivered: redelivered, deliveryCount: count, known: known, held: false, pending: &pending,
+            target: { _ in view }, parts: parts, policy: policy, now: at(1))
+        let got: String = switch outcome {
+        case .drop: "drop"
+        case .requeue: "requeue"
+        case .take(_, let a): a.first?.isPark == true ? "park" : (a.contains { $0.deliveredAttempt == 1 } ? "deliver" : "other")
+        }
+        #expect(got == expected, "\(name)")
+        if case .take(let m, let a) = outcome, redelivered {
+            #expect(a.events.allSatisfy { $0.seq > (known?.lastSeq ?? 0) + 999 } && m.lastSeq == a.events.last?.seq, "\(name)")
+        }
+    }
+
+    @Test func aRetryDueWithoutRoomWaitsForAnAgentInsteadOfTakingASlot() throws {
+        let (copy, known) = retryWaitCopy()
+        var pending = PendingCommands()
+        let retryAt = try #require(copy.retryAt.flatMap(RFC3339.parse))
+        let full = SenderDecisions.surfaced(
+            copy, .retryDue, deliveryCount: 0, known: known, held: false, pending: &pending,
+            target: targets(online: true, hasRoom: false), parts: parts, policy: policy, now: retryAt)
+        let a = try #require(actions(full))
+        #expect(a.first?.isPark == true && a.events.first?.queue?.reason == "agent_offline")
+        let room = SenderDecisions.surfaced(
+            copy, .retryDue, deliveryCount: 0, known: known, held: false, pending: &pending,
+            target: targets(online: true), parts: parts, policy: policy, now: retryAt)
+        #expect(try #require(actions(room)).first?.deliveredAttempt == 2)
+    }
+
+    @Test func seqFloorsAreClampedAgainstHugeDeliveryCounts() {
+        #expect(SenderDecisions.seqFloor(base: 3, known: nil, deliveryCount: 0) == 3)
+        #expect(SenderDecisions.seqFloor(base: 3, known: DispatchKnowledge(lastSeq: 7), deliveryCount: 2) == 2007)
+        #expect(SenderDecisions.seqFloor(base: 3, known: nil, deliveryCount: Int.max) == 3 + 1_000_000)
+        #expect(SenderDecisions.seqFloor(base: 3, known: nil, deliveryCount: -5) == 3)
+    }
+}
