@@ -1,6 +1,9 @@
 #include "CMicroHTTPD.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -67,23 +70,39 @@ fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_
         snprintf(error, error_len, "'%s' is not an IPv4 address", host);
         return NULL;
     }
+    // The listening socket is made here, with SO_REUSEADDR only: a port
+    // whose last connections linger in TIME_WAIT (a service restarted) can
+    // be bound again, and a second server can still not share it.
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(error, error_len, "cannot create a socket: %s", strerror(errno));
+        return NULL;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&address, sizeof address) != 0 || listen(fd, 256) != 0) {
+        snprintf(error, error_len, "cannot listen on %s:%u: %s", host, (unsigned)port, strerror(errno));
+        close(fd);
+        return NULL;
+    }
     fd_http_server *server = calloc(1, sizeof *server);
     if (server == NULL) {
         snprintf(error, error_len, "out of memory");
+        close(fd);
         return NULL;
     }
     server->handler = handler;
     server->context = context;
     server->daemon = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO, port, NULL, NULL, on_request, server,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned int)256,
         MHD_OPTION_END);
     if (server->daemon == NULL) {
-        snprintf(error, error_len, "cannot listen on %s:%u", host, (unsigned)port);
+        snprintf(error, error_len, "cannot serve on %s:%u", host, (unsigned)port);
+        close(fd);
         free(server);
         return NULL;
     }

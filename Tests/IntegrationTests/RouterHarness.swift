@@ -210,7 +210,8 @@ final class RouterHarness: @unchecked Sendable {
     func start(_ executable: String, extraEnvironment: [String: String], waitUntilReady: Bool = true) async throws -> Process {
         let p = Process()
         p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent(executable)
-        let port = 20000 + Int.random(in: 0..<20000)
+        // Below the ephemeral range (32768 and up), where outgoing connections take their ports.
+        let port = 20000 + Int.random(in: 0..<12000)
         var env = ProcessInfo.processInfo.environment
         env["AMQP_URL"] = "amqp://guest:guest@\(url.host):\(url.port)/\(vhost)"
         env["FRONTDESK_ROUTES"] = tableFile

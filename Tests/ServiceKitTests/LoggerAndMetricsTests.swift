@@ -123,6 +123,18 @@ struct HTTPServerTests {
         #expect(try await request("http://127.0.0.1:\(server.port)/healthz", method: "POST").0 == 405)
     }
 
+    /// A service restarted at once binds its port again, though the last
+    /// connections it served linger in TIME_WAIT.
+    @Test func aPortJustFreedCanBeBoundAgain() async throws {
+        let first = try HTTPServer(host: "127.0.0.1", port: 0, handler: { _ in HTTPResponse(status: 200, body: "") })
+        let port = first.port
+        #expect(try await get("http://127.0.0.1:\(port)/healthz").0 == 200)
+        first.stop()
+        let second = try HTTPServer(host: "127.0.0.1", port: port, handler: { _ in HTTPResponse(status: 200, body: "again") })
+        defer { second.stop() }
+        #expect(try await get("http://127.0.0.1:\(port)/healthz") == (200, "again"))
+    }
+
     @Test func aPortInUseIsAClearError() throws {
         let first = try HTTPServer(host: "127.0.0.1", port: 0, handler: { _ in HTTPResponse(status: 200, body: "") })
         defer { first.stop() }
