@@ -63,7 +63,12 @@ while published < total {
             expiresAt: RFC3339.format(now.addingTimeInterval(3600)), lastSeq: 2)
         return OutboundMessage(
             exchange: "", routingKey: "frontdesk.sender.inbox", body: record.jsonData(),
-            properties: .persistentJSON(messageID: "\(record.id)/handoff", correlationID: record.id, type: DispatchRecord.handoffType))
+            properties: {
+                // As the router writes it: the sender takes hand-offs only with a service's user_id.
+                var p = AMQPProperties.persistentJSON(messageID: "\(record.id)/handoff", correlationID: record.id, type: DispatchRecord.handoffType)
+                p.userID = url.user
+                return p
+            }())
     }
     for r in try await channel.publish(batch) { try r.get() }
     published += batch.count

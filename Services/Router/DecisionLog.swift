@@ -39,10 +39,13 @@ final class DecisionLog: Sendable {
     private let credit = Mutex(0)
     let client: AMQPClient
     let windowSeconds: Int
+    /// The router's login: records written by anyone else are not read.
+    let login: String
 
-    init(client: AMQPClient, windowSeconds: Int) {
+    init(client: AMQPClient, windowSeconds: Int, login: String) {
         self.client = client
         self.windowSeconds = windowSeconds
+        self.login = login
     }
 
     /// The first record of `id` seen so far.
@@ -108,7 +111,11 @@ final class DecisionLog: Sendable {
     /// Id, token and time ride in the message's properties (correlation_id,
     /// message_id, timestamp), so following the log decodes no JSON.
     func ingest(_ delivery: AMQPDelivery) {
-        guard let token = delivery.properties.messageID, let id = delivery.properties.correlationID else { return }
+        // Only the routers' own records count: anyone who can publish to the
+        // default exchange could otherwise claim an id first.
+        guard delivery.properties.userID == login, let token = delivery.properties.messageID,
+            let id = delivery.properties.correlationID
+        else { return }
         let entry = Entry(id: id, writtenAt: delivery.properties.timestamp ?? 0, body: delivery.body, token: token)
         let now = UInt64(Date().timeIntervalSince1970)
         let waiter = state.withLock { s -> (CheckedContinuation<Entry, Error>, Entry)? in
@@ -139,7 +146,7 @@ final class DecisionLog: Sendable {
         let messages = zip(tokens, records).map { token, r in
             OutboundMessage(
                 exchange: "", routingKey: RouterTopology.decisionLog, body: r.body,
-                properties: .persistentJSON(messageID: token, correlationID: r.record.id, type: "frontdesk.router.decision.v1"))
+                properties: .persistentJSON(messageID: token, correlationID: r.record.id, type: "frontdesk.router.decision.v1").stamped(by: login))
         }
         // A record read back is in the log (a stream gives its readers only
         // what it stored), so the read-back is what an append waits for; a

@@ -189,14 +189,13 @@ struct RouterService: Service {
             for _ in batch { metrics.handling.observe(seconds) }
         }
         guard !retries.isEmpty else { return .now(finish) }
-        let blocked = failed.values.contains { ($0 as? AMQPError)?.code == .connectionBlocked }
         return .later { [retries, client] in
             // Back off a little, then hand them back: they come again, marked
-            // redelivered. While a resource alarm blocks publishing, wait for
-            // it to clear (up to 5 s at a time) instead of spinning.
+            // redelivered. While a resource alarm blocks publishing, hold them
+            // until it clears (or the connection goes): handing them back at
+            // once would only spin, and count deliveries against them.
             try? await Task.sleep(for: .milliseconds(200))
-            let until = ContinuousClock.now + .seconds(5)
-            while blocked, client.blockedReason != nil, ContinuousClock.now < until {
+            while client.blockedReason != nil, client.connectionState.isReady {
                 try? await Task.sleep(for: .milliseconds(100))
             }
             for d in retries { try? d.nack(requeue: true) }
@@ -268,7 +267,8 @@ struct RouterService: Service {
         if record.outcome == .routed {
             messages.append(OutboundMessage(
                 exchange: "", routingKey: RouterTopology.senderInbox, body: body,
-                properties: .persistentJSON(messageID: "\(record.id)/handoff", correlationID: record.id, type: DispatchRecord.handoffType),
+                properties: .persistentJSON(messageID: "\(record.id)/handoff", correlationID: record.id, type: DispatchRecord.handoffType)
+                    .stamped(by: configuration.login),
                 mandatory: true))
         }
         return .publish(messages, counted: record.outcome == .routed ? .accepted(confidence: record.route?.confidence) : .failed)
@@ -285,7 +285,8 @@ struct RouterService: Service {
     private func handOff(_ command: SenderCommand) -> OutboundMessage {
         OutboundMessage(
             exchange: "", routingKey: RouterTopology.senderInbox, body: command.jsonData(),
-            properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type),
+            properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)
+                .stamped(by: configuration.login),
             mandatory: true)
     }
 

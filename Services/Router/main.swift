@@ -16,7 +16,7 @@ let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
 }
 let service = RouterService(
     client: bootstrap.client,
-    log: DecisionLog(client: bootstrap.client, windowSeconds: configuration.lifetimeSeconds),
+    log: DecisionLog(client: bootstrap.client, windowSeconds: configuration.lifetimeSeconds, login: configuration.login),
     resolver: RouteResolver(table: table),
     configuration: configuration,
     logger: bootstrap.logger,

@@ -10,6 +10,7 @@ struct SenderMetrics: Sendable {
     let parked: Gauge
     let agents: Gauge
     let inFlight: Gauge
+    let rejected: Counter
     let leader: Gauge
     let replyTime: Histogram
     let deadLetters: Counter
@@ -23,6 +24,7 @@ struct SenderMetrics: Sendable {
         parked = registry.gauge("frontdesk_sender_parked", "dispatches parked, per target", labels: ["target"])
         agents = registry.gauge("frontdesk_sender_agents", "agents consuming, per target, as the leader last saw them", labels: ["target"])
         inFlight = registry.gauge("frontdesk_sender_in_flight", "dispatches with agents, per target", labels: ["target"])
+        rejected = registry.counter("frontdesk_sender_rejected_total", "messages in internal queues that no service wrote, dropped", labels: ["queue"])
         leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads")
         deadLetters = registry.counter("frontdesk_sender_dead_letters_total", "agent replies dead-lettered, by code", labels: ["code"])
         replyTime = registry.histogram(

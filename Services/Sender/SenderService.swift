@@ -14,7 +14,10 @@ final class SenderService: Service {
     let table: RoutingTable
     let logger: Logger
     let metrics: SenderMetrics
-    private let state = Mutex<(stopping: Bool, connection: AMQPConnection?, ready: Bool)>((false, nil, false))
+    /// `blocked`: a term ended because the broker blocked its publishes; it
+    /// stays set across reconnects (a new connection is told of the alarm
+    /// only once it publishes) until a publish is confirmed again.
+    private let state = Mutex<(stopping: Bool, connection: AMQPConnection?, ready: Bool, blocked: Bool)>((false, nil, false, false))
 
     init(configuration: ServiceConfiguration, table: RoutingTable, logger: Logger, metrics: SenderMetrics) {
         self.configuration = configuration
@@ -24,7 +27,7 @@ final class SenderService: Service {
     }
 
     /// Connected with its topology declared, and the broker takes its publishes.
-    var isReady: Bool { state.withLock { $0.ready && $0.connection?.blockedReason == nil } }
+    var isReady: Bool { state.withLock { $0.ready && !$0.blocked && $0.connection?.blockedReason == nil } }
     private var stopping: Bool { state.withLock { $0.stopping } }
 
     func shutdown() async {
@@ -44,6 +47,9 @@ final class SenderService: Service {
                 failures = 0
             } catch {
                 failures += 1
+                state.withLock { s in
+                    if (error as? AMQPError)?.code == .connectionBlocked || s.connection?.blockedReason != nil { s.blocked = true }
+                }
                 if !stopping {
                     logger.warning("sender term ended; reconnecting", [("error", .string("\(error)"))])
                 }
@@ -121,6 +127,7 @@ final class SenderService: Service {
         let publisher = try await connection.openChannel()
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
+        state.withLock { $0.blocked = false }  // its marker was published and confirmed
         let statusLog = try await readStatusLog(connection, publisher)
         let term = SenderTerm(
             connection: connection, publisher: publisher, table: table,
@@ -128,7 +135,7 @@ final class SenderService: Service {
                 baseMs: configuration.retry.baseMs, maxMs: configuration.retry.maxMs,
                 maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds,
                 lifetimeSeconds: configuration.lifetimeSeconds),
-            logger: logger, metrics: metrics, statusLog: statusLog)
+            logger: logger, metrics: metrics, statusLog: statusLog, login: configuration.login, routerLogin: configuration.routerUser)
         // The term's loop runs on its connection's thread: an input or a
         // confirm resumes it there, with no thread of the pool to wake.
         try await withTaskExecutorPreference(connection.executor) {
@@ -148,7 +155,7 @@ final class SenderService: Service {
     /// term is caught by the entry the term marks accepted. (Following the log for
     /// the whole term cost ~15% of the sender's CPU, four deliveries a dispatch.)
     private func readStatusLog(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> StatusLog {
-        let log = StatusLog()
+        let log = StatusLog(writer: configuration.login)
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: 2000)
         let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(UInt64(clamping: configuration.lifetimeSeconds) &+ 60)
@@ -169,7 +176,7 @@ final class SenderService: Service {
             let marker = "marker-\(UUID().uuidString)"
             try await publisher.publish(OutboundMessage(
                 exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
-                properties: AMQPProperties(messageID: marker, type: StatusLog.markerType)))
+                properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: configuration.login)))
             await log.waitFor(marker: marker)
         }
         try await readToMarker()
@@ -193,7 +200,7 @@ final class SenderService: Service {
         let marker = "marker-\(UUID().uuidString)"
         try await publisher.publish(OutboundMessage(
             exchange: "", routingKey: SenderTopology.commands, body: Data(),
-            properties: AMQPProperties(messageID: marker, type: StatusLog.markerType)))
+            properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: configuration.login)))
         var commands: [SenderCommand] = []
         let window = UInt64(clamping: configuration.lifetimeSeconds)
         let now = UInt64(Date().timeIntervalSince1970)
@@ -202,7 +209,10 @@ final class SenderService: Service {
             if d.properties.messageID == marker { break }
             // Saturating: a timestamp from the future (however far) is age 0, never a trap.
             if let written = d.properties.timestamp, now.subtractingClamped(written) > window { continue }
-            if let command = SenderCommand(type: d.properties.type, body: d.body) { commands.append(command) }
+            // Only commands this sender kept: anyone could publish into the stream by name.
+            if d.properties.userID == configuration.login, let command = SenderCommand(type: d.properties.type, body: d.body) {
+                commands.append(command)
+            }
         }
         return commands
     }

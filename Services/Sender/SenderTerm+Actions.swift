@@ -24,7 +24,7 @@ extension SenderTerm {
                 messages.append(OutboundMessage(
                     exchange: "", routingKey: SenderTopology.agentQueue(route), body: task.jsonData(),
                     properties: .persistentJSON(messageID: task.messageID, correlationID: id, type: AgentTask.type)
-                        .with(replyTo: SenderTopology.replies), mandatory: true))
+                        .with(replyTo: SenderTopology.replies).stamped(by: login), mandatory: true))
                 metrics.deliveries.increment()
                 if h.inFlight == nil {
                     h.inFlight = (route, window)
@@ -40,6 +40,7 @@ extension SenderTerm {
             case .park(let copy, let until):
                 let route = RoutingTable.Route(project: copy.project.id, target: copy.target.id)
                 var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(copy.lastSeq)", correlationID: id, type: ParkedDispatch.type)
+                    .stamped(by: login)
                 properties.expiration = String(SenderTopology.ttlMs(until: until, now: Date()))
                 messages.append(OutboundMessage(
                     exchange: "", routingKey: SenderTopology.parkQueue(route), body: copy.jsonData(), properties: properties, mandatory: true))
@@ -55,7 +56,8 @@ extension SenderTerm {
                 }
                 messages.append(OutboundMessage(
                     exchange: "", routingKey: queue, body: copy.jsonData(),
-                    properties: .persistentJSON(messageID: "\(id)/retry/\(copy.attempt)", correlationID: id, type: ParkedDispatch.type),
+                    properties: .persistentJSON(messageID: "\(id)/retry/\(copy.attempt)", correlationID: id, type: ParkedDispatch.type)
+                        .stamped(by: login),
                     mandatory: true))
                 messages.append(waitingRecord(copy))
                 release = true
@@ -121,7 +123,8 @@ extension SenderTerm {
         let id = copy.record.id
         return OutboundMessage(
             exchange: "", routingKey: SenderTopology.statusLog, body: copy.jsonData(),
-            properties: .persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType))
+            properties: .persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType)
+                .stamped(by: login))
     }
 }
 

@@ -10,6 +10,7 @@ extension SenderTerm {
         let now = Date()
         switch input {
         case .inbox(let d):
+            guard handOffWriters.wrote(d) else { return try rejectForged(d, SenderTopology.inbox) }
             switch d.properties.type {
             case DispatchRecord.handoffType: try await handOff(d, now: now)
             case SenderCommand.cancelType, SenderCommand.rerouteType: try await command(d, now: now)
@@ -17,11 +18,14 @@ extension SenderTerm {
                 logger.warning("unknown message in the sender inbox", [("type", .string(d.properties.type ?? "none"))])
                 try d.ack()
             }
-        case .parked(let d, _):
-            try await surfaced(d, .parked, window: .park, now: now)
+        case .parked(let d, let route):
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.parkQueue(route)) }
+            try await surfaced(d, .parked, from: route, window: .park, now: now)
         case .expired(let d):
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.expired) }
             try await surfaced(d, .expired, window: .none, now: now)
         case .retryDue(let d):
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.retry) }
             try await surfaced(d, .retryDue, window: .retry, now: now)
         case .reply(let d):
             switch AgentReply.classify(type: d.properties.type, body: d.body) {
@@ -54,6 +58,18 @@ extension SenderTerm {
         }
     }
 
+    /// A message in an internal queue that neither service wrote (no
+    /// `user_id`, or another login's): someone published it there through
+    /// the default exchange. Dropped, logged and counted; nothing acts on it.
+    private func rejectForged(_ d: AMQPDelivery, _ queue: String) throws {
+        logger.warning("dropped a message no service wrote", [
+            ("queue", .string(queue)), ("user_id", .string(d.properties.userID ?? "none")),
+            ("message_id", .string(String((d.properties.messageID ?? "").prefix(100)))),
+        ])
+        metrics.rejected.increment(queue)
+        try d.ack()
+    }
+
     /// How often the broker handed this message out before: a lease handed
     /// back by a dead leader numbers its events above a margin.
     private func deliveryCount(_ d: AMQPDelivery) -> Int {
@@ -82,11 +98,13 @@ extension SenderTerm {
     }
 
     /// A copy that surfaced from a park, delay or expiry queue.
-    private func surfaced(_ d: AMQPDelivery, _ wait: SenderDecisions.Wait, window: LeaseWindow, now: Date) async throws {
+    private func surfaced(
+        _ d: AMQPDelivery, _ wait: SenderDecisions.Wait, from queueRoute: RoutingTable.Route? = nil, window: LeaseWindow, now: Date
+    ) async throws {
         guard let copy = try? ParkedDispatch(jsonData: d.body) else { return try d.ack() }
         let id = copy.record.id
         let outcome = SenderDecisions.surfaced(
-            copy, wait, deliveryCount: deliveryCount(d), known: statusLog.knowledge(id), held: held[id] != nil,
+            copy, wait, queueRoute: queueRoute, deliveryCount: deliveryCount(d), known: statusLog.knowledge(id), held: held[id] != nil,
             pending: &pendingCommands, target: targets(window), parts: table.eventParts, policy: policy, now: now)
         try await carryOut(outcome, d, id: id, window: window)
     }
@@ -168,6 +186,7 @@ extension SenderTerm {
         metrics.commands.increment("remembered")
         pendingMessages.append(OutboundMessage(
             exchange: "", routingKey: SenderTopology.commands, body: command.jsonData(),
-            properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)))
+            properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)
+                .stamped(by: login)))
     }
 }

@@ -58,8 +58,10 @@ final class SenderTerm {
     func share(of window: LeaseWindow) -> Int {
         let targets = max(1, table.routes.count)
         switch window {
-        case .inbox: return max(4, Int(Self.inboxPrefetch) / (2 * targets))
-        case .retry: return max(2, Int(Self.retryPrefetch) / (2 * targets))
+        // No minimum: with more targets than half a window has slots, their
+        // dispatches all wait in their own park queues rather than crowd it.
+        case .inbox: return Int(Self.inboxPrefetch) / (2 * targets)
+        case .retry: return Int(Self.retryPrefetch) / (2 * targets)
         case .park, .none: return Int.max
         }
     }
@@ -117,10 +119,20 @@ final class SenderTerm {
     /// ack, or a second parked copy) is dropped.
     let statusLog: StatusLog
 
+    /// This sender's broker login: the `user_id` of its internal messages.
+    let login: String
+    /// Who may write hand-offs (the router and the sender) and the sender's
+    /// own copies (the sender alone).
+    let handOffWriters: InternalWriters
+    let copyWriters: InternalWriters
+
     init(
         connection: AMQPConnection, publisher: AMQPChannel, table: RoutingTable, policy: RetryPolicy, logger: Logger,
-        metrics: SenderMetrics, statusLog: StatusLog
+        metrics: SenderMetrics, statusLog: StatusLog, login: String, routerLogin: String
     ) {
+        self.login = login
+        handOffWriters = InternalWriters([login, routerLogin])
+        copyWriters = InternalWriters([login])
         self.statusLog = statusLog
         settler = WindowSettler { [feed] in feed.finish() }
         self.connection = connection
@@ -157,6 +169,12 @@ final class SenderTerm {
         forwarders.append(Task { [feed] in await SenderTerm.tick(feed) })
         defer {
             for f in forwarders { f.cancel() }
+            // A term that ended leads nothing: its per-target figures go to 0.
+            for route in table.routes {
+                metrics.agents.set(0, route.description)
+                metrics.parked.set(0, route.description)
+                metrics.inFlight.set(0, route.description)
+            }
         }
         // Whatever gathered while the last batch was handled is handled
         // together: one publish window, settled by the settler.

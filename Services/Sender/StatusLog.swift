@@ -44,6 +44,10 @@ final class StatusLog: Sendable {
     }
 
     private let state = Mutex(State())
+    /// The sender's login: waiting records and markers by anyone else are not read.
+    private let writer: String
+
+    init(writer: String) { self.writer = writer }
 
     subscript(id: String) -> Entry? { state.withLock { $0.entries[id] } }
 
@@ -98,10 +102,13 @@ final class StatusLog: Sendable {
         // (routing key = its name); anything routed in from the status
         // exchange is a status event, whatever its type says.
         if d.properties.type == Self.waitingType, d.routingKey == Self.stream {
+            guard d.properties.userID == writer else { return }
             if let copy = try? ParkedDispatch(jsonData: d.body) { noteWaiting(copy) }
             return
         }
-        if d.properties.type == Self.markerType, d.routingKey == Self.stream, let marker = d.properties.messageID {
+        if d.properties.type == Self.markerType, d.routingKey == Self.stream, d.properties.userID == writer,
+            let marker = d.properties.messageID
+        {
             let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
                 if let w = s.markers.removeValue(forKey: marker) { return w }
                 s.arrivedMarkers.insert(marker)

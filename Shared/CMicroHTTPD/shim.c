@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <microhttpd.h>
@@ -102,7 +103,7 @@ fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_
         MHD_OPTION_END);
     if (server->daemon == NULL) {
         snprintf(error, error_len, "cannot serve on %s:%u", host, (unsigned)port);
-        close(fd);
+        if (fcntl(fd, F_GETFD) != -1) close(fd);  // unless libmicrohttpd closed it already
         free(server);
         return NULL;
     }

@@ -69,6 +69,7 @@ public enum SenderDecisions {
         case secondCopy = "a second copy of a dispatch held"
         case ended = "its dispatch ended"
         case superseded = "superseded by a newer copy"
+        case misplaced = "a copy in another target's park queue"
     }
 
     /// Where a cancel or reroute acts.
@@ -142,7 +143,7 @@ public enum SenderDecisions {
 
     /// A copy that surfaced from a park, delay or expiry queue.
     public static func surfaced(
-        _ copy: ParkedDispatch, _ wait: Wait, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
+        _ copy: ParkedDispatch, _ wait: Wait, queueRoute: RoutingTable.Route? = nil, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
         pending: inout PendingCommands, target: (RoutingTable.Route) -> TargetView,
         parts: (RoutingTable.Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)?,
         policy: RetryPolicy, now: Date
@@ -165,6 +166,7 @@ public enum SenderDecisions {
             let view = target(machine.route)
             return take(machine) { $0.timerFired(now: max(now, due), targetOnline: view.online && view.hasRoom, jitter: 0) }
         case .parked:
+            if let queueRoute, queueRoute != machine.route { return .drop(.misplaced) }
             guard target(machine.route).online else { return .requeue }  // the agent left again
             // Events published after this copy mean it was taken up and
             // delivered (by a leader that died with it in flight): a reroute

@@ -72,13 +72,14 @@ public final class HTTPServer: Sendable {
 
     /// Stops serving: no handler runs once it returns.
     public func stop() {
-        let running = server.withLock { s -> Int in
-            defer { s = 0 }
-            return s
+        // Under the lock: a second stop() returns only once the first has
+        // stopped the server (handlers never take this lock).
+        server.withLock { s in
+            guard let pointer = OpaquePointer(bitPattern: s) else { return }
+            s = 0
+            fd_http_stop(pointer)
+            box.release()
         }
-        guard let pointer = OpaquePointer(bitPattern: running) else { return }
-        fd_http_stop(pointer)
-        box.release()
     }
 
     deinit { stop() }

@@ -25,6 +25,11 @@ public struct ServiceConfiguration: Sendable {
     /// 0 turns the HTTP listener off.
     public var httpPort: Int
     public var logLevel: LogLevel = .info
+    /// The router's login: the sender takes hand-offs only from it (and itself).
+    public var routerUser = "router"
+
+    /// This service's login on the broker: the `user_id` of its internal messages.
+    public var login: String { amqp.url.user }
 
     public static let defaultAMQPURL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 
@@ -42,6 +47,7 @@ public struct ServiceConfiguration: Sendable {
             .init("FRONTDESK_REPLY_TIMEOUT_S", default: "600", help: "wait for an agent's final reply, seconds"),
             .init("FRONTDESK_HTTP_PORT", default: "\(defaultHTTPPort)", help: "port of /healthz, /readyz, /metrics; 0 turns it off"),
             .init("FRONTDESK_LOG_LEVEL", default: "info", help: "debug, info, warning or error"),
+            .init("FRONTDESK_ROUTER_USER", default: "router", help: "the router's broker login; the sender takes hand-offs only from it"),
         ]
     }
 
@@ -75,5 +81,6 @@ public struct ServiceConfiguration: Sendable {
             throw UsageError("FRONTDESK_LOG_LEVEL must be debug, info, warning or error, not '\(level)'")
         }
         logLevel = parsed
+        routerUser = values.string("FRONTDESK_ROUTER_USER", default: routerUser)
     }
 }

@@ -235,6 +235,17 @@ struct SenderDecisionsTests {
         #expect(try #require(actions(room)).first?.deliveredAttempt == 2)
     }
 
+    /// A copy sits in its own target's park queue; one found in another's
+    /// was put there by hand, and going round the queue would spin.
+    @Test func aCopyInAnotherTargetsParkQueueIsDropped() {
+        let (copy, known) = queuedCopy()
+        var pending = PendingCommands()
+        let outcome = SenderDecisions.surfaced(
+            copy, .parked, queueRoute: legal, deliveryCount: 0, known: known, held: false, pending: &pending,
+            target: targets(online: false), parts: parts, policy: policy, now: at(2))
+        #expect(dropped(outcome) == .misplaced)
+    }
+
     @Test func seqFloorsAreClampedAgainstHugeDeliveryCounts() {
         #expect(SenderDecisions.seqFloor(base: 3, known: nil, deliveryCount: 0) == 3)
         #expect(SenderDecisions.seqFloor(base: 3, known: DispatchKnowledge(lastSeq: 7), deliveryCount: 2) == 2007)

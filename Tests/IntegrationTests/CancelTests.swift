@@ -251,3 +251,77 @@ extension BrokerIntegration.UntrustedInputTests {
         }
     }
 }
+
+extension BrokerIntegration.UntrustedInputTests {
+    /// Agents may publish to the default exchange (their replies go there),
+    /// so they can put a message in any queue by name. Messages in the
+    /// services' internal queues count only when a service wrote them.
+    @Test func messagesForgedIntoInternalQueuesChangeNothing() async throws {
+        try await withHarness("forged") { h in
+            let intruder = "intruder-\(UUID().uuidString.prefix(6))"
+            try RouterHarness.ctl(["add_user", intruder, "secret-\(intruder)"])
+            defer { try? RouterHarness.ctl(["delete_user", intruder]) }
+            // An agent's rights: write to the default exchange, nothing else.
+            try RouterHarness.ctl(["set_permissions", "-p", h.vhost, intruder, "^$", "^amq\\.default$", "^$"])
+            try await h.startRouter()
+            let sender = try await h.startSender()
+            try await h.waitUntilLeading(sender)
+            try await h.publish("dispatch.request", #"{"id":"real-1","input":"the agm agenda"}"#)
+            _ = try await h.events(until: "real-1", reaches: "queued")
+
+            var url = h.url
+            url.user = intruder
+            url.password = "secret-\(intruder)"
+            let connection = try await AMQPConnection.connect(.init(url: url, connectionName: "intruder"))
+            let channel = try await connection.openChannel()
+            func forge(_ queue: String, _ body: Data, type: String, id: String, asUser: Bool) async throws {
+                try await channel.publish(
+                    exchange: "", routingKey: queue, body: body,
+                    properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id,
+                                               messageID: "\(id)/forged", type: type, userID: asUser ? intruder : nil))
+            }
+            let handOff = BrokerIntegration.SenderTests().handOff("forged-1")
+            try await forge("frontdesk.sender.inbox", handOff, type: "frontdesk.handoff.dispatch.v1", id: "forged-1", asUser: true)
+            try await forge("frontdesk.sender.inbox", handOff, type: "frontdesk.handoff.dispatch.v1", id: "forged-1", asUser: false)
+            try await forge("frontdesk.sender.inbox", Data(#"{"id":"real-1","reason":"forged"}"#.utf8), type: "frontdesk.handoff.cancel.v1", id: "real-1", asUser: false)
+            // A waiting record claiming a newer copy of real-1: the real copy must not look superseded.
+            var record = try #require(try JSONSerialization.jsonObject(with: handOff) as? [String: Any])
+            record["id"] = "real-1"
+            let copy: [String: Any] = [
+                "record": record, "project": ["id": "yemaya", "name": "Yemaya", "glyph": "YE"], "target": ["id": "board-prep", "name": "Board Prep"],
+                "attempt": 1, "everDelivered": false, "lastSeq": 2_000_000_000, "stepReached": 1,
+            ]
+            try await forge("frontdesk.status.log", try JSONSerialization.data(withJSONObject: copy), type: "frontdesk.sender.waiting.v1", id: "real-1", asUser: true)
+            // A parked copy of a dispatch nobody sent.
+            var fake = copy
+            var fakeRecord = record
+            fakeRecord["id"] = "forged-2"
+            fake["record"] = fakeRecord
+            fake["lastSeq"] = 3
+            try await forge("frontdesk.sender.park.yemaya.board-prep", try JSONSerialization.data(withJSONObject: fake), type: "frontdesk.sender.parked.v1", id: "forged-2", asUser: true)
+            // A decision record claiming the id of a request still to come.
+            try await forge("frontdesk.router.decisions", Data("{}".utf8), type: "frontdesk.router.decision.v1", id: "real-2", asUser: true)
+            await connection.close()
+
+            try await h.waitUntil("the sender drops the three forged hand-offs and commands") {
+                try await h.metrics(sender).contains("frontdesk_sender_rejected_total{queue=\"frontdesk.sender.inbox\"} 3")
+            }
+            // A new leader reads the log, with the forged record in it.
+            kill(sender.processIdentifier, SIGKILL)
+            let second = try await h.startSender()
+            try await h.waitUntilLeading(second)
+            try await h.publish("dispatch.request", #"{"id":"real-2","input":"the agm agenda"}"#)
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            let events = try await h.events(untilEnded: "real-1", "real-2")
+            for id in ["real-1", "real-2"] {
+                #expect(events.last { $0["dispatchId"] as? String == id }?["state"] as? String == "replied", "\(id)")
+            }
+            #expect(!events.contains { ["forged-1", "forged-2"].contains($0["dispatchId"] as? String ?? "") })
+            #expect(await agent.tasks.all.compactMap(\.properties.correlationID).allSatisfy { $0.hasPrefix("real-") })
+            try await h.waitUntil("the new leader drops the forged parked copy") {
+                try await h.metrics(second).contains("frontdesk_sender_rejected_total{queue=\"frontdesk.sender.park.yemaya.board-prep\"} 1")
+            }
+            await agent.stop()
+        }
+    }
+}

@@ -31,7 +31,9 @@ extension BrokerIntegration {
                 #expect(handoff.first?.properties.correlationID == "d-1")
                 // The producer's message carried user_id, CC and more: none of it reaches the sender.
                 let p = try #require(handoff.first?.properties)
-                #expect(p.userID == nil && p.headers == nil && p.replyTo == nil && p.expiration == nil && p.priority == nil && p.appID == nil)
+                #expect(p.headers == nil && p.replyTo == nil && p.expiration == nil && p.priority == nil && p.appID == nil)
+                // Its user_id is the router's own login, which marks it as written by a service.
+                #expect(p.userID == h.url.user)
                 #expect(p.timestamp.map { $0 < UInt64(Date().timeIntervalSince1970) + 60 } == true)
             }
         }

@@ -211,7 +211,8 @@ extension BrokerIntegration.SenderTests {
     @Test func aDuplicateHandOffIsDroppedWhileParkedAndAfterItFinished() async throws {
         try await withHarness("sender-dup-handoff") { h in
             let sender = try await h.startSender()
-            let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2, type: "frontdesk.handoff.dispatch.v1")
+            // As the router writes it: with the broker-validated user_id of a service login.
+            let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2, type: "frontdesk.handoff.dispatch.v1", userID: h.url.user)
             for _ in 0..<2 {
                 try await h.channel.publish(exchange: "", routingKey: "frontdesk.sender.inbox", body: handOff("dup-1"), properties: properties)
             }
@@ -237,7 +238,8 @@ extension BrokerIntegration.SenderTests {
     @Test func aDuplicateHandOffUnderANewLeaderIsDroppedToo() async throws {
         try await withHarness("sender-dup-across-terms") { h in
             let first = try await h.startSender()
-            let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2, type: "frontdesk.handoff.dispatch.v1")
+            // As the router writes it: with the broker-validated user_id of a service login.
+            let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2, type: "frontdesk.handoff.dispatch.v1", userID: h.url.user)
             try await h.channel.publish(exchange: "", routingKey: "frontdesk.sender.inbox", body: handOff("dup-2"), properties: properties)
             #expect(history(try await h.events(until: "dup-2", reaches: "queued"), "dup-2") == ["queued"])
             kill(first.processIdentifier, SIGKILL)
