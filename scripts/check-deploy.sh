@@ -110,6 +110,16 @@ check "agent publishes to frontdesk.commands" refused "$(probe agent publish fro
 check "agent publishes to frontdesk.status" refused "$(probe agent publish frontdesk.status status.x.y.replied)"
 check "agent consumes frontdesk.sender.inbox" refused "$(probe agent consume frontdesk.sender.inbox)"
 check "agent declares frontdesk.replies.mine" refused "$(probe agent declare frontdesk.replies.mine)"
+# The default exchange reaches every queue by name (agents publish their
+# replies there): an agent can put a message in the sender's inbox, and the
+# sender drops it, since it carries no service's user_id.
+check "agent reaches frontdesk.sender.inbox by the default exchange" allowed "$(probe agent publish "" frontdesk.sender.inbox)"
+dropped="not dropped"
+for _ in $(seq 1 50); do
+    if curl -fs http://127.0.0.1:9202/metrics | grep -qF 'frontdesk_sender_rejected_total{queue="frontdesk.sender.inbox"} 1'; then dropped=dropped; break; fi
+    sleep 0.1
+done
+check "  …and the sender drops it" dropped "$dropped"
 check "router consumes frontdesk.replies" refused "$(probe router consume frontdesk.replies)"
 check "router consumes frontdesk.agent.yemaya.board-prep" refused "$(probe router consume frontdesk.agent.yemaya.board-prep)"
 check "router publishes to frontdesk.commands" refused "$(probe router publish frontdesk.commands dispatch.request)"

@@ -89,17 +89,26 @@ static int reserve(fd_buffer_t *b, size_t more) {
   return 1;
 }
 
+/// How long a write may make no progress at all before the connection is
+/// given up: a broker that stopped reading (gone silent, or a peer that
+/// never drains) must not hold the connection's thread for ever.
+enum { SEND_STALL_LIMIT_MS = 15000 };
+
 static int send_all(int fd, const uint8_t *p, size_t n) {
+  int stalled_ms = 0;
   while (n > 0) {
     ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
     if (w > 0) {
       p += w;
       n -= (size_t)w;
+      stalled_ms = 0;
     } else if (w < 0 && errno == EINTR) {
       continue;
     } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       struct pollfd pfd = {.fd = fd, .events = POLLOUT, .revents = 0};
-      if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return AMQP_STATUS_SOCKET_ERROR;
+      int ready = poll(&pfd, 1, 1000);
+      if (ready < 0 && errno != EINTR) return AMQP_STATUS_SOCKET_ERROR;
+      if (ready == 0 && (stalled_ms += 1000) >= SEND_STALL_LIMIT_MS) return AMQP_STATUS_TIMEOUT;
     } else {
       return AMQP_STATUS_SOCKET_ERROR;
     }

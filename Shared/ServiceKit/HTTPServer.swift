@@ -34,7 +34,21 @@ public final class HTTPServer: Sendable {
     }
 
     public static let idleTimeoutSeconds: UInt32 = 2
-    public static let maxConnections: UInt32 = 1024
+
+    /// At most half the process's descriptors (raised to its hard limit, up
+    /// to 65,536) and at most 16,384: clients holding connections open can
+    /// take many slots, never the descriptors the broker connection needs.
+    public static let maxConnections: UInt32 = {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 512 }
+        let wanted = min(limit.rlim_max, 65_536)
+        if limit.rlim_cur < wanted {
+            var raised = limit
+            raised.rlim_cur = wanted
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+        }
+        return UInt32(min(max(limit.rlim_cur / 2, 64), 16_384))
+    }()
 
     /// The C server's address (0 once stopped): a pointer is not Sendable, its bits are.
     private let server: Mutex<Int>

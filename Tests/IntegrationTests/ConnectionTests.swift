@@ -99,6 +99,32 @@ extension BrokerIntegration {
             #expect(ContinuousClock.now - frozenAt < .seconds(5))
         }
 
+        /// A peer that stops reading while a large window is being written:
+        /// the write fills the socket's buffers, and the connection's thread
+        /// must give up (within the 15 s stall limit) rather than wait for ever.
+        @Test func aWriteThatMakesNoProgressEndsTheConnection() async throws {
+            let proxy = try FreezingProxy(upstreamPort: UInt16(TestBroker.url.port))
+            defer { proxy.stop() }
+            var url = TestBroker.url
+            url.port = Int(proxy.port)
+            url.heartbeat = 0  // only the write's own limit can notice
+            let connection = try await AMQPConnection.connect(TestBroker.configuration("stalled-write", url: url))
+            let channel = try await connection.openChannel()
+            proxy.freeze()
+            let frozenAt = ContinuousClock.now
+            let big = Data(repeating: 0x78, count: 4 << 20)
+            let publisher = Task {
+                for _ in 0..<16 where !Task.isCancelled {
+                    _ = channel.publishWithoutWaiting((0..<4).map { _ in OutboundMessage(exchange: "", routingKey: "nowhere", body: big) })
+                    try? await Task.sleep(for: .milliseconds(50))
+                }
+            }
+            defer { publisher.cancel() }
+            try await waitUntil("the stalled connection ends", within: .seconds(30)) { !connection.isOpen }
+            #expect(!connection.isOpen)
+            #expect(ContinuousClock.now - frozenAt < .seconds(25))
+        }
+
         @Test func connectionNameIsVisibleToTheBroker() async throws {
             let name = "frontdesk-test:named-\(UUID().uuidString.prefix(6))"
             let connection = try await AMQPConnection.connect(
