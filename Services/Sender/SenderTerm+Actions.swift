@@ -42,9 +42,10 @@ extension SenderTerm {
                 var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(copy.lastSeq)", correlationID: id, type: ParkedDispatch.type)
                     .stamped(by: login)
                 properties.expiration = String(SenderTopology.ttlMs(until: until, now: Date()))
+                let body = copy.jsonData()
                 messages.append(OutboundMessage(
-                    exchange: "", routingKey: SenderTopology.parkQueue(route), body: copy.jsonData(), properties: properties, mandatory: true))
-                messages.append(waitingRecord(copy))
+                    exchange: "", routingKey: SenderTopology.parkQueue(route), body: body, properties: properties, mandatory: true))
+                messages.append(waitingRecord(copy, body: body))
                 release = true
             case .delay(let copy, let until):
                 // A retry waits in the broker, not here: in a delay queue whose TTL
@@ -54,12 +55,13 @@ extension SenderTerm {
                     try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
                     delayQueues.insert(queue)
                 }
+                let body = copy.jsonData()
                 messages.append(OutboundMessage(
-                    exchange: "", routingKey: queue, body: copy.jsonData(),
+                    exchange: "", routingKey: queue, body: body,
                     properties: .persistentJSON(messageID: "\(id)/retry/\(copy.attempt)", correlationID: id, type: ParkedDispatch.type)
                         .stamped(by: login),
                     mandatory: true))
-                messages.append(waitingRecord(copy))
+                messages.append(waitingRecord(copy, body: body))
                 release = true
             case .setTimer(let date):
                 timer = .some(date)
@@ -118,11 +120,11 @@ extension SenderTerm {
     /// The dispatch now waits as `copy`: noted at once (a copy it supersedes
     /// may surface before the confirm), and recorded in the status log for
     /// later leaders, so that a cancel or reroute acts on it without the copy.
-    func waitingRecord(_ copy: ParkedDispatch) -> OutboundMessage {
-        statusLog.noteWaiting(copy)
+    func waitingRecord(_ copy: ParkedDispatch, body: Data) -> OutboundMessage {
         let id = copy.record.id
+        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body)
         return OutboundMessage(
-            exchange: "", routingKey: SenderTopology.statusLog, body: copy.jsonData(),
+            exchange: "", routingKey: SenderTopology.statusLog, body: body,
             properties: .persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType)
                 .stamped(by: login))
     }

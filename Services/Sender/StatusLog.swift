@@ -38,7 +38,7 @@ final class StatusLog: Sendable {
         /// The current waiting copy of each dispatch that waits, not ended:
         /// what a cancel or reroute needs to act at once, without the copy
         /// that sits in a park or delay queue.
-        var waiting: [String: ParkedDispatch] = [:]
+        var waiting: [String: Data] = [:]
         var markers: [String: CheckedContinuation<Void, Never>] = [:]
         var arrivedMarkers: Set<String> = []
     }
@@ -77,15 +77,16 @@ final class StatusLog: Sendable {
         state.withLock { s in
             guard let e = s.entries[id] else { return nil }
             return DispatchKnowledge(
-                lastSeq: Int(e.lastSeq), copySeq: Int(e.copySeq), ended: e.ended, accepted: e.accepted, waiting: s.waiting[id])
+                lastSeq: Int(e.lastSeq), copySeq: Int(e.copySeq), ended: e.ended, accepted: e.accepted, waitingBody: s.waiting[id])
         }
     }
 
-    /// The dispatch now waits as `copy` (noted by the leader as it publishes
-    /// the copy, and read back from the log at takeover).
-    func noteWaiting(_ copy: ParkedDispatch) {
-        let id = copy.record.id
-        let seq = Int32(clamping: copy.lastSeq)
+    /// The dispatch `id` now waits as the copy `body` with seq `copySeq`
+    /// (noted by the leader as it publishes the copy, and read back from the
+    /// log at takeover, where id and seq come from the record's properties:
+    /// no JSON is parsed).
+    func noteWaiting(id: String, copySeq: Int, body: Data) {
+        let seq = Int32(clamping: copySeq)
         let now = Self.now
         state.withLock { s in
             var e = s.entries[id] ?? Entry()
@@ -93,7 +94,7 @@ final class StatusLog: Sendable {
             guard !e.ended, seq >= e.copySeq else { return s.entries[id] = e }
             e.copySeq = seq
             s.entries[id] = e
-            s.waiting[id] = copy
+            s.waiting[id] = body
         }
     }
 
@@ -102,8 +103,10 @@ final class StatusLog: Sendable {
         // (routing key = its name); anything routed in from the status
         // exchange is a status event, whatever its type says.
         if d.properties.type == Self.waitingType, d.routingKey == Self.stream {
-            guard d.properties.userID == writer else { return }
-            if let copy = try? ParkedDispatch(jsonData: d.body) { noteWaiting(copy) }
+            guard d.properties.userID == writer, let id = d.properties.correlationID, let messageID = d.properties.messageID,
+                let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...])
+            else { return }
+            noteWaiting(id: id, copySeq: seq, body: d.body)
             return
         }
         if d.properties.type == Self.markerType, d.routingKey == Self.stream, d.properties.userID == writer,

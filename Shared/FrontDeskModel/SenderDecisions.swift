@@ -13,15 +13,31 @@ public struct DispatchKnowledge: Sendable, Equatable {
     public var ended: Bool
     /// This term took a hand-off of it: another hand-off is a duplicate.
     public var accepted: Bool
-    /// Its current waiting copy, while it waits and has not ended.
-    public var waiting: ParkedDispatch?
+    /// Its current waiting copy as encoded, while it waits and has not
+    /// ended: kept as bytes (a fraction of the decoded value's memory, for
+    /// every waiting dispatch) and decoded only when a command needs it.
+    public var waitingBody: Data?
+
+    /// The current waiting copy, decoded.
+    public var waiting: ParkedDispatch? {
+        get { waitingBody.flatMap { try? ParkedDispatch(jsonData: $0) } }
+        set { waitingBody = newValue?.jsonData() }
+    }
 
     public init(lastSeq: Int = 0, copySeq: Int = 0, ended: Bool = false, accepted: Bool = false, waiting: ParkedDispatch? = nil) {
         self.lastSeq = lastSeq
         self.copySeq = copySeq
         self.ended = ended
         self.accepted = accepted
-        self.waiting = waiting
+        self.waitingBody = waiting?.jsonData()
+    }
+
+    public init(lastSeq: Int, copySeq: Int, ended: Bool, accepted: Bool, waitingBody: Data?) {
+        self.lastSeq = lastSeq
+        self.copySeq = copySeq
+        self.ended = ended
+        self.accepted = accepted
+        self.waitingBody = waitingBody
     }
 }
 
@@ -188,7 +204,7 @@ public enum SenderDecisions {
         // The copy the log keeps is used only while nothing was published
         // since it was written: a dispatch taken up since (by a leader that
         // died with it in flight) is acted on when its copy comes back.
-        if let known, let copy = known.waiting, known.lastSeq <= copy.lastSeq,
+        if let known, known.lastSeq <= known.copySeq, let copy = known.waiting, copy.lastSeq == known.copySeq,
             let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
         {
             return .actOnCopy(machine)
