@@ -22,8 +22,9 @@ public struct HTTPResponse: Sendable {
 /// The HTTP server for probes and metrics, on libmicrohttpd: its own
 /// polling thread (never the cooperative pool), every connection served
 /// concurrently, so clients that hold idle connections or send slowly delay
-/// no one; idle connections are closed after `idleTimeoutSeconds`, and at
-/// most `maxConnections` are open at once (more wait in the backlog).
+/// no one; idle connections are closed after `idleTimeoutSeconds`, any
+/// connection after `maxConnectionAgeSeconds`, and at most `maxConnections`
+/// are open at once.
 public final class HTTPServer: Sendable {
     public typealias Handler = @Sendable (HTTPRequest) -> HTTPResponse
 
@@ -34,6 +35,9 @@ public final class HTTPServer: Sendable {
     }
 
     public static let idleTimeoutSeconds: UInt32 = 2
+    /// A connection open this long is closed whatever it sends: a client that
+    /// drips a request a byte at a time never goes idle.
+    public static let maxConnectionAgeSeconds: UInt32 = 10
 
     /// At most half the process's descriptors (raised to its hard limit, up
     /// to 65,536) and at most 16,384: clients holding connections open can
@@ -61,7 +65,7 @@ public final class HTTPServer: Sendable {
         let box = Unmanaged.passRetained(Box(handler))
         var error = [CChar](repeating: 0, count: 256)
         let started = fd_http_start(
-            host, port16, Self.idleTimeoutSeconds, Self.maxConnections,
+            host, port16, Self.idleTimeoutSeconds, Self.maxConnectionAgeSeconds, Self.maxConnections,
             { context, method, path, answer in
                 guard let context, let method, let path, let answer else { return }
                 let handler = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue().handler

@@ -123,6 +123,34 @@ struct HTTPServerTests {
         #expect(try await request("http://127.0.0.1:\(server.port)/healthz", method: "POST").0 == 405)
     }
 
+    /// A client that drips a request a byte a second never goes idle; it is
+    /// cut off once its connection is 10 s old.
+    @Test func aClientThatDripsARequestIsCutOffAfterTenSeconds() async throws {
+        let server = try HTTPServer(host: "127.0.0.1", port: 0, handler: { _ in HTTPResponse(status: 200, body: "") })
+        defer { server.stop() }
+        let fd = try connectTCP(port: server.port)
+        defer { close(fd) }
+        // The blocking socket calls run on a thread of their own, not the pool's.
+        let cutOffAfter: Duration? = await withCheckedContinuation { c in
+            Thread {
+                var timeout = timeval(tv_sec: 1, tv_usec: 0)
+                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+                let started = ContinuousClock.now
+                let request = Array("GET /healthz HTTP/1.1\r\nX-Drip: ".utf8) + Array(repeating: UInt8(ascii: "a"), count: 40)
+                for byte in request {
+                    var b = byte
+                    if send(fd, &b, 1, Int32(MSG_NOSIGNAL)) < 0 { return c.resume(returning: ContinuousClock.now - started) }
+                    var buffer = [UInt8](repeating: 0, count: 64)
+                    // Waits up to 1 s for an answer: 0 bytes means the server closed it.
+                    if recv(fd, &buffer, buffer.count, 0) == 0 { return c.resume(returning: ContinuousClock.now - started) }
+                }
+                c.resume(returning: nil)
+            }.start()
+        }
+        let after = try #require(cutOffAfter, "a client dripping for 40 s was never cut off")
+        #expect(after >= .seconds(9) && after < .seconds(13), "cut off after \(after)")
+    }
+
     /// A service restarted at once binds its port again, though the last
     /// connections it served linger in TIME_WAIT.
     @Test func aPortJustFreedCanBeBoundAgain() async throws {

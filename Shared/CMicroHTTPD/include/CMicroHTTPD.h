@@ -15,8 +15,10 @@ typedef struct fd_http_answer fd_http_answer;
 typedef void (*fd_http_handler)(void *context, const char *method, const char *path, fd_http_answer *answer);
 
 /// Starts serving on host:port (port 0: any free one; read it back with
-/// fd_http_port). NULL on failure, with a reason in `error`.
-fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_connections,
+/// fd_http_port). A connection idle for `timeout_s`, or open longer than
+/// `max_age_s` whatever it sends, is closed. NULL on failure, with a reason
+/// in `error`.
+fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s, unsigned max_connections,
                               fd_http_handler handler, void *context, char *error, size_t error_len);
 
 uint16_t fd_http_port(const fd_http_server *server);
