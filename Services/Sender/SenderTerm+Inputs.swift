@@ -60,14 +60,21 @@ extension SenderTerm {
 
     /// A message in an internal queue that neither service wrote (no
     /// `user_id`, or another login's): someone published it there through
-    /// the default exchange. Dropped, logged and counted; nothing acts on it.
+    /// the default exchange — or FRONTDESK_ROUTER_USER is not the router's
+    /// login. Nothing acts on it; it is dead-lettered with the reason (so a
+    /// misconfiguration loses nothing silently), logged and counted.
     private func rejectForged(_ d: AMQPDelivery, _ queue: String) throws {
-        logger.warning("dropped a message no service wrote", [
-            ("queue", .string(queue)), ("user_id", .string(d.properties.userID ?? "none")),
+        let writer = d.properties.userID.map { "'\($0.prefix(100))'" } ?? "none"
+        logger.warning("dead-lettered a message no service wrote", [
+            ("queue", .string(queue)), ("user_id", .string(writer)),
             ("message_id", .string(String((d.properties.messageID ?? "").prefix(100)))),
         ])
         metrics.rejected.increment(queue)
-        try d.ack()
+        pendingMessages.append(SharedTopology.deadLetter(
+            d, code: .invalidRequest,
+            reason: "\(queue) takes only messages the services wrote; this one's user_id is \(writer) (trusted: \(handOffWriters.logins.sorted().joined(separator: ", ")))",
+            service: "frontdesk-sender"))
+        pendingAcks.append(d)  // once the dead letter is confirmed
     }
 
     /// How often the broker handed this message out before: a lease handed

@@ -102,16 +102,17 @@ final class StatusLog: Sendable {
         // Waiting records and markers are published straight to the stream
         // (routing key = its name); anything routed in from the status
         // exchange is a status event, whatever its type says.
+        if d.routingKey == Self.stream, d.properties.userID != writer {
+            return  // put in the stream by name, by someone other than a sender: not read
+        }
         if d.properties.type == Self.waitingType, d.routingKey == Self.stream {
-            guard d.properties.userID == writer, let id = d.properties.correlationID, let messageID = d.properties.messageID,
+            guard let id = d.properties.correlationID, let messageID = d.properties.messageID,
                 let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...])
             else { return }
             noteWaiting(id: id, copySeq: seq, body: d.body)
             return
         }
-        if d.properties.type == Self.markerType, d.routingKey == Self.stream, d.properties.userID == writer,
-            let marker = d.properties.messageID
-        {
+        if d.properties.type == Self.markerType, d.routingKey == Self.stream, let marker = d.properties.messageID {
             let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
                 if let w = s.markers.removeValue(forKey: marker) { return w }
                 s.arrivedMarkers.insert(marker)
@@ -120,6 +121,8 @@ final class StatusLog: Sendable {
             waiter?.resume()
             return
         }
+        // Status events come through the status exchange, where only the services publish.
+        guard d.routingKey != Self.stream else { return }
         note(properties: d.properties, routingKey: d.routingKey)
     }
 

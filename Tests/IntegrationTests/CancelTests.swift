@@ -301,11 +301,22 @@ extension BrokerIntegration.UntrustedInputTests {
             try await forge("frontdesk.sender.park.yemaya.board-prep", try JSONSerialization.data(withJSONObject: fake), type: "frontdesk.sender.parked.v1", id: "forged-2", asUser: true)
             // A decision record claiming the id of a request still to come.
             try await forge("frontdesk.router.decisions", Data("{}".utf8), type: "frontdesk.router.decision.v1", id: "real-2", asUser: true)
+            // A status event put in the log by name, claiming the sender published for it already.
+            try await channel.publish(
+                exchange: "", routingKey: "frontdesk.status.log", body: Data("{}".utf8),
+                properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: "real-2",
+                                           messageID: "real-2/99", type: "frontdesk.status.v1", userID: intruder))
             await connection.close()
 
             try await h.waitUntil("the sender drops the three forged hand-offs and commands") {
                 try await h.metrics(sender).contains("frontdesk_sender_rejected_total{queue=\"frontdesk.sender.inbox\"} 3")
             }
+            // Dead-lettered with the reason: a misconfigured login would lose nothing silently.
+            let dead = try await h.drain("frontdesk.dead", count: 3)
+            #expect(dead.count == 3 && dead.allSatisfy {
+                $0.properties.headers?["x-frontdesk-service"]?.stringValue == "frontdesk-sender"
+                    && ($0.properties.headers?["x-frontdesk-reason"]?.stringValue ?? "").contains("takes only messages the services wrote")
+            })
             // A new leader reads the log, with the forged record in it.
             kill(sender.processIdentifier, SIGKILL)
             let second = try await h.startSender()
