@@ -10,7 +10,7 @@ extension SenderTerm {
         let now = Date()
         switch input {
         case .inbox(let d):
-            guard handOffWriters.wrote(d) else { return try rejectForged(d, SenderTopology.inbox) }
+            guard handOffWriters.wrote(d) else { return try rejectForged(d, SenderTopology.inbox, handOffWriters) }
             switch d.properties.type {
             case DispatchRecord.handoffType: try await handOff(d, now: now)
             case SenderCommand.cancelType, SenderCommand.rerouteType: try await command(d, now: now)
@@ -19,13 +19,13 @@ extension SenderTerm {
                 try d.ack()
             }
         case .parked(let d, let route):
-            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.parkQueue(route)) }
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.parkQueue(route), copyWriters) }
             try await surfaced(d, .parked, from: route, window: .park, now: now)
         case .expired(let d):
-            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.expired) }
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.expired, copyWriters) }
             try await surfaced(d, .expired, window: .none, now: now)
         case .retryDue(let d):
-            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.retry) }
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.retry, copyWriters) }
             try await surfaced(d, .retryDue, window: .retry, now: now)
         case .reply(let d):
             switch AgentReply.classify(type: d.properties.type, body: d.body) {
@@ -63,7 +63,7 @@ extension SenderTerm {
     /// the default exchange — or FRONTDESK_ROUTER_USER is not the router's
     /// login. Nothing acts on it; it is dead-lettered with the reason (so a
     /// misconfiguration loses nothing silently), logged and counted.
-    private func rejectForged(_ d: AMQPDelivery, _ queue: String) throws {
+    private func rejectForged(_ d: AMQPDelivery, _ queue: String, _ trusted: InternalWriters) throws {
         let writer = d.properties.userID.map { "'\($0.prefix(100))'" } ?? "none"
         logger.warning("dead-lettered a message no service wrote", [
             ("queue", .string(queue)), ("user_id", .string(writer)),
@@ -72,7 +72,7 @@ extension SenderTerm {
         metrics.rejected.increment(queue)
         pendingMessages.append(SharedTopology.deadLetter(
             d, code: .invalidRequest,
-            reason: "\(queue) takes only messages the services wrote; this one's user_id is \(writer) (trusted: \(handOffWriters.logins.sorted().joined(separator: ", ")))",
+            reason: "\(queue) takes only messages the services wrote; this one's user_id is \(writer) (trusted: \(trusted.logins.sorted().joined(separator: ", ")))",
             service: "frontdesk-sender"))
         pendingAcks.append(d)  // once the dead letter is confirmed
     }
