@@ -8,6 +8,7 @@ let package = Package(
     products: [
         .executable(name: "frontdesk-router", targets: ["frontdesk-router"]),
         .executable(name: "frontdesk-sender", targets: ["frontdesk-sender"]),
+        .executable(name: "frontdesk-gateway", targets: ["frontdesk-gateway"]),
         .executable(name: "frontdesk", targets: ["frontdesk"]),
     ],
     targets: [
@@ -22,6 +23,12 @@ let package = Package(
             name: "CMicroHTTPD",
             path: "Shared/CMicroHTTPD",
             linkerSettings: [.linkedLibrary("microhttpd")]
+        ),
+        // C: SHA-256 from OpenSSL's libcrypto (the gateway's token digests).
+        .target(
+            name: "CCrypto",
+            path: "Shared/CCrypto",
+            linkerSettings: [.linkedLibrary("crypto")]
         ),
         // AMQP 0-9-1 client on rabbitmq-c: knows nothing of dispatches.
         .target(name: "AMQP", dependencies: ["CRabbitMQ"], path: "Shared/AMQP"),
@@ -43,6 +50,12 @@ let package = Package(
             name: "frontdesk-sender",
             dependencies: ["AMQP", "ServiceKit", "FrontDeskModel"],
             path: "Services/Sender"
+        ),
+        .executableTarget(
+            name: "frontdesk-gateway",
+            dependencies: ["AMQP", "ServiceKit", "FrontDeskModel", "CCrypto"],
+            path: "Services/Gateway",
+            resources: [.copy("Page")]
         ),
 
         // The command line: dispatch, watch, cancel, reroute, route, agent.

@@ -229,6 +229,8 @@ struct RouterService: Service {
             let record = RouterDecision.decide(
                 request, body: delivery.body, resolver: resolver, now: now, lifetimeSeconds: configuration.lifetimeSeconds)
             return decideOrReuse(record, delivery, nil)
+        case .notForRouter:
+            return .publish([], counted: .command("activity"))
         case .cancel(let cancel):
             return .publish([handOff(SenderCommand(cancel))], counted: .command("cancel"))
         case .reroute(let reroute):

@@ -55,8 +55,8 @@ enum SenderTopology {
     /// Cancels and reroutes for dispatches this sender does not hold yet. A stream, replayed by each new leader.
     static let commands = "frontdesk.sender.commands"
 
-    static func agentQueue(_ r: RoutingTable.Route) -> String { "frontdesk.agent.\(r.project).\(r.target)" }
-    static func parkQueue(_ r: RoutingTable.Route) -> String { "frontdesk.sender.park.\(r.project).\(r.target)" }
+    static func agentQueue(_ r: RoutingTable.Route) -> String { SharedTopology.agentQueue(r) }
+    static func parkQueue(_ r: RoutingTable.Route) -> String { SharedTopology.parkQueue(r) }
 
     static func declare(on channel: AMQPChannel, table: RoutingTable) async throws {
         try await SharedTopology.declare(on: channel)
@@ -67,8 +67,7 @@ enum SenderTopology {
         try await channel.queueDeclare(retry, arguments: quorum)
         try await channel.queueDeclare(leader, arguments: ["x-queue-type": "quorum", "x-max-length": 1, "x-overflow": "reject-publish"])
         try await channel.queueDeclare(commands, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
-        try await channel.queueDeclare(statusLog, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
-        try await channel.queueBind(statusLog, exchange: SharedTopology.statusExchange, routingKey: "status.#")
+        try await SharedTopology.declareStatusLog(on: channel)
         for route in table.routes {
             try await channel.queueDeclare(agentQueue(route), arguments: quorum)
             try await channel.queueDeclare(parkQueue(route), arguments: [

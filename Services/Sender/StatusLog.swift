@@ -1,6 +1,7 @@
 import AMQP
 import Foundation
 import FrontDeskModel
+import ServiceKit
 import Synchronization
 
 /// What is known of each dispatch within the lifetime window: its highest
@@ -64,7 +65,7 @@ final class StatusLog: Sendable {
     }
 
     /// The stream this log is read from.
-    static let stream = "frontdesk.status.log"
+    static let stream = SharedTopology.statusLog
 
     /// A marker a new leader writes to know where the log ends.
     static let markerType = "frontdesk.sender.marker.v1"

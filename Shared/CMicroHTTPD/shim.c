@@ -17,7 +17,13 @@
 /// timeout, which a client dripping a byte a second never reaches.
 struct fd_conn {
     int fd;
+    /// When it opened, or last finished a response: how long it has been reading a request.
     struct timespec started;
+    /// Between a complete request and the end of its response the age limit does not apply
+    /// (a request may wait for an event, a stream lasts as long as the client reads it).
+    int responding;
+    int suspended;
+    struct MHD_Connection *connection;
     int shut;
     struct fd_conn *prev, *next;
 };
@@ -25,6 +31,8 @@ struct fd_conn {
 struct fd_http_server {
     struct MHD_Daemon *daemon;
     fd_http_handler handler;
+    fd_async_handler async_handler;
+    size_t max_body;
     void *context;
     uint16_t port;
     unsigned max_age_s;
@@ -33,7 +41,19 @@ struct fd_http_server {
     pthread_t sweeper;
     int sweeping;
     int stopping;
+    /// The owner's, and one for each request and stream alive: answers may
+    /// come (and be dropped) after the server stopped.
+    int refs;
 };
+
+static void server_unref(fd_http_server *server) {
+    pthread_mutex_lock(&server->lock);
+    int left = --server->refs;
+    pthread_mutex_unlock(&server->lock);
+    if (left > 0) return;
+    pthread_mutex_destroy(&server->lock);
+    free(server);
+}
 
 static double seconds_since(const struct timespec *t) {
     struct timespec now;
@@ -54,6 +74,7 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
             return;
         }
         c->fd = info->connect_fd;
+        c->connection = connection;
         clock_gettime(CLOCK_MONOTONIC, &c->started);
         pthread_mutex_lock(&server->lock);
         c->next = server->conns;
@@ -86,7 +107,7 @@ static void *sweep(void *arg) {
             return NULL;
         }
         for (struct fd_conn *c = server->conns; c != NULL; c = c->next) {
-            if (!c->shut && seconds_since(&c->started) > (double)server->max_age_s) {
+            if (!c->shut && !c->responding && seconds_since(&c->started) > (double)server->max_age_s) {
                 shutdown(c->fd, SHUT_RDWR);
                 c->shut = 1;
             }
@@ -138,8 +159,354 @@ void fd_http_answer_set(fd_http_answer *answer, unsigned status, const char *con
     }
 }
 
-fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s, unsigned max_connections,
-                              fd_http_handler handler, void *context, char *error, size_t error_len) {
+
+// MARK: Asynchronous requests and streams
+//
+// Every field below that two threads touch is guarded by the server's lock:
+// a request or stream is answered or written from any thread, while the
+// server's thread reads it, suspends and resumes its connection.
+
+enum { REQUEST_READING, REQUEST_WAITING, REQUEST_ANSWERED, REQUEST_QUEUED };
+
+struct fd_request {
+    fd_http_server *server;
+    struct MHD_Connection *connection;
+    struct fd_conn *conn;
+    char *method, *path;
+    char *body;
+    size_t length, capacity;
+    int state;
+    /// The response libmicrohttpd ended (the connection closed or the daemon stopped).
+    int closed;
+    /// One for libmicrohttpd (until completed), one for the handler (until released).
+    int refs;
+    unsigned status;
+    struct MHD_Response *response;
+};
+
+struct fd_stream {
+    fd_http_server *server;
+    struct MHD_Connection *connection;
+    struct fd_conn *conn;
+    char *buffer;
+    size_t length, offset, capacity;
+    int ended;
+    int closed;
+    int refs;
+};
+
+static struct fd_conn *conn_of(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info != NULL ? (struct fd_conn *)info->socket_context : NULL;
+}
+
+/// Under the lock: the connection's handling stops until `resume`.
+static void suspend(struct fd_conn *c, struct MHD_Connection *connection) {
+    if (c != NULL) c->suspended = 1;
+    MHD_suspend_connection(connection);
+}
+
+/// Under the lock: resumes the connection if it is suspended (never twice).
+static void resume(fd_http_server *server, struct fd_conn *c) {
+    if (c != NULL && c->suspended && !server->stopping) {
+        c->suspended = 0;
+        MHD_resume_connection(c->connection);
+    }
+}
+
+static void request_unref(fd_request *request) {
+    fd_http_server *server = request->server;
+    pthread_mutex_lock(&server->lock);
+    int left = --request->refs;
+    pthread_mutex_unlock(&server->lock);
+    if (left > 0) return;
+    if (request->response != NULL) MHD_destroy_response(request->response);
+    free(request->method);
+    free(request->path);
+    free(request->body);
+    free(request);
+    server_unref(server);
+}
+
+static void stream_unref(fd_stream *stream) {
+    fd_http_server *server = stream->server;
+    pthread_mutex_lock(&server->lock);
+    int left = --stream->refs;
+    pthread_mutex_unlock(&server->lock);
+    if (left > 0) return;
+    free(stream->buffer);
+    free(stream);
+    server_unref(server);
+}
+
+static void server_ref(fd_http_server *server) {
+    pthread_mutex_lock(&server->lock);
+    server->refs += 1;
+    pthread_mutex_unlock(&server->lock);
+}
+
+static const char too_large_body[] = "{\"error\":{\"code\":\"too_large\",\"message\":\"the body is over the limit\"}}";
+
+static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
+    struct MHD_Response *response =
+        MHD_create_response_from_buffer(sizeof too_large_body - 1, (void *)too_large_body, MHD_RESPMEM_PERSISTENT);
+    if (response == NULL) return MHD_NO;
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result queued = MHD_queue_response(connection, 413, response);
+    MHD_destroy_response(response);
+    return queued;
+}
+
+static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
+                                        const char *version, const char *upload_data, size_t *upload_data_size,
+                                        void **con_cls) {
+    (void)version;
+    fd_http_server *server = cls;
+    fd_request *request = *con_cls;
+    if (request == NULL) {
+        request = calloc(1, sizeof *request);
+        if (request == NULL) return MHD_NO;
+        request->server = server;
+        request->connection = connection;
+        request->conn = conn_of(connection);
+        request->method = strdup(method);
+        request->path = strdup(url);
+        request->refs = 1;
+        server_ref(server);
+        *con_cls = request;
+        if (request->method == NULL || request->path == NULL) return MHD_NO;
+        const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) {
+            request->state = REQUEST_QUEUED;
+            return queue_too_large(connection);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size != 0) {
+        size_t size = *upload_data_size;
+        *upload_data_size = 0;
+        if (request->state != REQUEST_READING) return MHD_YES;  // answered already: the rest is dropped
+        if (request->length + size > server->max_body) {
+            request->state = REQUEST_QUEUED;
+            return queue_too_large(connection);
+        }
+        if (request->length + size > request->capacity) {
+            size_t capacity = request->capacity ? request->capacity : 1024;
+            while (capacity < request->length + size) capacity *= 2;
+            char *grown = realloc(request->body, capacity);
+            if (grown == NULL) return MHD_NO;
+            request->body = grown;
+            request->capacity = capacity;
+        }
+        memcpy(request->body + request->length, upload_data, size);
+        request->length += size;
+        return MHD_YES;
+    }
+    pthread_mutex_lock(&server->lock);
+    if (server->stopping) {
+        pthread_mutex_unlock(&server->lock);
+        return MHD_NO;
+    }
+    if (request->state == REQUEST_READING) {
+        request->state = REQUEST_WAITING;
+        request->refs += 1;  // the handler's, until fd_request_release
+        if (request->conn != NULL) request->conn->responding = 1;
+        pthread_mutex_unlock(&server->lock);
+        server->async_handler(server->context, request);
+        pthread_mutex_lock(&server->lock);
+    }
+    if (request->state == REQUEST_ANSWERED) {
+        struct MHD_Response *response = request->response;
+        request->response = NULL;
+        request->state = REQUEST_QUEUED;
+        pthread_mutex_unlock(&server->lock);
+        enum MHD_Result queued = MHD_queue_response(connection, request->status, response);
+        MHD_destroy_response(response);
+        return queued;
+    }
+    if (request->state == REQUEST_WAITING) {
+        suspend(request->conn, connection);
+        pthread_mutex_unlock(&server->lock);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&server->lock);
+    return MHD_NO;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *connection, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)toe;
+    fd_http_server *server = cls;
+    fd_request *request = *con_cls;
+    *con_cls = NULL;
+    struct fd_conn *c = conn_of(connection);
+    pthread_mutex_lock(&server->lock);
+    if (c != NULL) {
+        c->responding = 0;  // reading the next request, if any: the age limit counts again
+        clock_gettime(CLOCK_MONOTONIC, &c->started);
+    }
+    if (request != NULL) request->closed = 1;
+    pthread_mutex_unlock(&server->lock);
+    if (request != NULL) request_unref(request);
+}
+
+const char *fd_request_method(const fd_request *request) { return request->method; }
+const char *fd_request_path(const fd_request *request) { return request->path; }
+
+const char *fd_request_header(fd_request *request, const char *name) {
+    return MHD_lookup_connection_value(request->connection, MHD_HEADER_KIND, name);
+}
+
+const char *fd_request_query(fd_request *request, const char *name) {
+    return MHD_lookup_connection_value(request->connection, MHD_GET_ARGUMENT_KIND, name);
+}
+
+const void *fd_request_body(const fd_request *request, size_t *length) {
+    *length = request->length;
+    return request->body != NULL ? request->body : "";
+}
+
+/// Under the lock: hands `response` to the request and wakes its connection.
+/// 0 if the request cannot take it: the caller destroys it, outside the lock
+/// (a stream's free callback takes the lock).
+static int answer_with(fd_request *request, unsigned status, struct MHD_Response *response) {
+    if (request->closed || request->state != REQUEST_WAITING || response == NULL) return 0;
+    request->status = status;
+    request->response = response;
+    request->state = REQUEST_ANSWERED;
+    resume(request->server, request->conn);
+    return 1;
+}
+
+void fd_request_answer(fd_request *request, unsigned status, const char *content_type, const void *body, size_t length,
+                       const char *extra_name, const char *extra_value) {
+    struct MHD_Response *response = MHD_create_response_from_buffer(length, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (response != NULL) {
+        if (content_type != NULL) MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+        MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
+        if (extra_name != NULL && extra_value != NULL) MHD_add_response_header(response, extra_name, extra_value);
+    }
+    pthread_mutex_lock(&request->server->lock);
+    int taken = answer_with(request, status, response);
+    pthread_mutex_unlock(&request->server->lock);
+    if (!taken && response != NULL) MHD_destroy_response(response);
+}
+
+static ssize_t stream_read(void *cls, uint64_t position, char *out, size_t max) {
+    (void)position;
+    fd_stream *stream = cls;
+    fd_http_server *server = stream->server;
+    pthread_mutex_lock(&server->lock);
+    if (server->stopping) {
+        pthread_mutex_unlock(&server->lock);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (stream->offset < stream->length) {
+        size_t n = stream->length - stream->offset;
+        if (n > max) n = max;
+        memcpy(out, stream->buffer + stream->offset, n);
+        stream->offset += n;
+        if (stream->offset == stream->length) stream->offset = stream->length = 0;
+        pthread_mutex_unlock(&server->lock);
+        return (ssize_t)n;
+    }
+    if (stream->ended) {
+        pthread_mutex_unlock(&server->lock);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    suspend(stream->conn, stream->connection);  // until the next write
+    pthread_mutex_unlock(&server->lock);
+    return 0;
+}
+
+static void stream_closed(void *cls) {
+    fd_stream *stream = cls;
+    pthread_mutex_lock(&stream->server->lock);
+    stream->closed = 1;
+    pthread_mutex_unlock(&stream->server->lock);
+    stream_unref(stream);
+}
+
+fd_stream *fd_request_answer_stream(fd_request *request, unsigned status, const char *content_type) {
+    fd_stream *stream = calloc(1, sizeof *stream);
+    if (stream == NULL) return NULL;
+    stream->server = request->server;
+    stream->connection = request->connection;
+    stream->conn = request->conn;
+    stream->refs = 2;  // the response's and the caller's
+    server_ref(stream->server);
+    struct MHD_Response *response = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, stream, stream_closed);
+    if (response == NULL) {
+        free(stream);
+        server_unref(request->server);
+        return NULL;
+    }
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(response, "X-Accel-Buffering", "no");
+    pthread_mutex_lock(&request->server->lock);
+    int taken = answer_with(request, status, response);
+    pthread_mutex_unlock(&request->server->lock);
+    if (!taken) {
+        MHD_destroy_response(response);  // its callback drops the response's reference
+        fd_stream_release(stream);
+        return NULL;
+    }
+    return stream;
+}
+
+void fd_request_release(fd_request *request) { request_unref(request); }
+
+int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end, size_t limit) {
+    fd_http_server *server = stream->server;
+    pthread_mutex_lock(&server->lock);
+    if (stream->closed || server->stopping) {
+        pthread_mutex_unlock(&server->lock);
+        return 0;
+    }
+    if (stream->length - stream->offset + length > limit) {
+        // A client that does not read: it is cut off, the others go on.
+        if (stream->conn != NULL && !stream->conn->shut) {
+            shutdown(stream->conn->fd, SHUT_RDWR);
+            stream->conn->shut = 1;
+        }
+        stream->ended = 1;
+        resume(server, stream->conn);
+        pthread_mutex_unlock(&server->lock);
+        return 0;
+    }
+    if (stream->offset > 0 && stream->length + length > stream->capacity) {
+        memmove(stream->buffer, stream->buffer + stream->offset, stream->length - stream->offset);
+        stream->length -= stream->offset;
+        stream->offset = 0;
+    }
+    if (stream->length + length > stream->capacity) {
+        size_t capacity = stream->capacity ? stream->capacity : 1024;
+        while (capacity < stream->length + length) capacity *= 2;
+        char *grown = realloc(stream->buffer, capacity);
+        if (grown == NULL) {
+            pthread_mutex_unlock(&server->lock);
+            return 0;
+        }
+        stream->buffer = grown;
+        stream->capacity = capacity;
+    }
+    memcpy(stream->buffer + stream->length, bytes, length);
+    stream->length += length;
+    if (end) stream->ended = 1;
+    resume(server, stream->conn);
+    pthread_mutex_unlock(&server->lock);
+    return 1;
+}
+
+void fd_stream_release(fd_stream *stream) {
+    if (stream != NULL) stream_unref(stream);
+}
+
+static fd_http_server *start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s, unsigned max_connections,
+                             fd_http_handler handler, fd_async_handler async_handler, size_t max_body, void *context,
+                             char *error, size_t error_len) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof address);
     address.sin_family = AF_INET;
@@ -170,17 +537,33 @@ fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_
         return NULL;
     }
     server->handler = handler;
+    server->async_handler = async_handler;
+    server->max_body = max_body;
     server->context = context;
     server->max_age_s = max_age_s;
+    server->refs = 1;
     pthread_mutex_init(&server->lock, NULL);
-    server->daemon = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO, port, NULL, NULL, on_request, server,
-        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
-        MHD_OPTION_END);
+    if (async_handler != NULL) {
+        server->daemon = MHD_start_daemon(
+            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO | MHD_ALLOW_SUSPEND_RESUME, port, NULL, NULL,
+            on_async_request, server,
+            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, server,
+            MHD_OPTION_END);
+    } else {
+        server->daemon = MHD_start_daemon(
+            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO, port, NULL, NULL, on_request, server,
+            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
+            MHD_OPTION_END);
+    }
     if (server->daemon == NULL) {
         snprintf(error, error_len, "cannot serve on %s:%u", host, (unsigned)port);
         if (fcntl(fd, F_GETFD) != -1) close(fd);  // unless libmicrohttpd closed it already
@@ -194,15 +577,33 @@ fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_
     return server;
 }
 
+fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s, unsigned max_connections,
+                              fd_http_handler handler, void *context, char *error, size_t error_len) {
+    return start(host, port, timeout_s, max_age_s, max_connections, handler, NULL, 0, context, error, error_len);
+}
+
+fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
+                                    unsigned max_connections, size_t max_body, fd_async_handler handler, void *context,
+                                    char *error, size_t error_len) {
+    return start(host, port, timeout_s, max_age_s, max_connections, NULL, handler, max_body, context, error, error_len);
+}
+
 uint16_t fd_http_port(const fd_http_server *server) { return server->port; }
 
 void fd_http_stop(fd_http_server *server) {
     if (server == NULL) return;
     pthread_mutex_lock(&server->lock);
     server->stopping = 1;
+    // libmicrohttpd stops only once every suspended connection is resumed:
+    // they then see `stopping` and close.
+    for (struct fd_conn *c = server->conns; c != NULL; c = c->next) {
+        if (c->suspended) {
+            c->suspended = 0;
+            MHD_resume_connection(c->connection);
+        }
+    }
     pthread_mutex_unlock(&server->lock);
     if (server->sweeping) pthread_join(server->sweeper, NULL);
     MHD_stop_daemon(server->daemon);  // closes what is open, through on_connection
-    pthread_mutex_destroy(&server->lock);
-    free(server);
+    server_unref(server);
 }

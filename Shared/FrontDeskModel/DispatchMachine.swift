@@ -273,7 +273,7 @@ public struct DispatchMachine: Sendable {
             activity: activity(for: state), input: record.input, project: project, target: target, route: record.route,
             attempt: attempt, startedAt: record.startedAt, at: RFC3339.format(now),
             elapsedMs: max(0, Int((now.timeIntervalSince(startedAt) * 1000).rounded())), expiresAt: record.expiresAt,
-            threadId: record.threadId)
+            threadId: record.threadId, user: record.user)
         if state == .sending || state == .replied { e.preview = preview }
         if state == .sending { e.etaMs = latestEtaMs }
         if state == .replied { e.reply = latestText }

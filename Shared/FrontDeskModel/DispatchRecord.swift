@@ -64,7 +64,7 @@ public struct DispatchRecord: Sendable, Codable, Equatable {
         func event(_ seq: Int, _ state: DispatchState, _ step: Int, _ activity: String) -> StatusEvent {
             StatusEvent(
                 dispatchId: id, seq: seq, state: state, step: step, activity: activity, input: input,
-                startedAt: startedAt, at: decidedAt, elapsedMs: elapsed, expiresAt: expiresAt, threadId: threadId)
+                startedAt: startedAt, at: decidedAt, elapsedMs: elapsed, expiresAt: expiresAt, threadId: threadId, user: user)
         }
         if invalid {
             var failed = event(1, .failed, 0, "Failed — invalid request")

@@ -33,11 +33,22 @@ public struct RerouteCommand: Sendable, Equatable {
     public var route: RoutingTable.Route
 }
 
+/// The routing keys of `frontdesk.commands` (CONTRACT.md).
+public enum CommandKey {
+    public static let request = "dispatch.request"
+    public static let cancel = "dispatch.cancel"
+    public static let reroute = "dispatch.reroute"
+    /// A Live Activity's push token: the pusher's, which the router leaves alone.
+    public static let activity = "dispatch.activity"
+}
+
 /// What one message on `frontdesk.commands` is.
 public enum IntakeMessage: Sendable, Equatable {
     case request(DispatchRequest)
     case cancel(CancelCommand)
     case reroute(RerouteCommand)
+    /// Another service's message (`dispatch.activity`, the pusher's): the router leaves it alone.
+    case notForRouter
     /// Refused: a dead letter with `code` and `reason`. `failedID` is set when
     /// the message is a request whose id can be read: it also gets one
     /// `failed` event. `input` is the request's input when it was a string.
@@ -52,13 +63,14 @@ public enum IntakeClassifier {
     public static let maxReasonScalars = 500
 
     public static func classify(routingKey: String, type: String?, body: Data) -> IntakeMessage {
+        if routingKey == CommandKey.activity { return .notForRouter }
         if body.count > maxBodyBytes {
             return .reject(code: .tooLarge, reason: "the body is \(body.count) bytes; the limit is \(maxBodyBytes)", failedID: nil, input: nil)
         }
         if let type, !type.hasSuffix(".v1") {
             return .reject(code: .unsupportedVersion, reason: "message type '\(type.prefix(100))' is not a .v1 type", failedID: nil, input: nil)
         }
-        guard ["dispatch.request", "dispatch.cancel", "dispatch.reroute"].contains(routingKey) else {
+        guard [CommandKey.request, CommandKey.cancel, CommandKey.reroute].contains(routingKey) else {
             return .reject(
                 code: .invalidRequest,
                 reason: "routing key '\(routingKey.prefix(100))' is none of dispatch.request, dispatch.cancel, dispatch.reroute",
@@ -78,8 +90,8 @@ public enum IntakeClassifier {
             return .reject(code: .invalidRequest, reason: why, failedID: nil, input: nil)
         }
         switch routingKey {
-        case "dispatch.request": return request(id: id, object)
-        case "dispatch.cancel": return cancel(id: id, object)
+        case CommandKey.request: return request(id: id, object)
+        case CommandKey.cancel: return cancel(id: id, object)
         default: return reroute(id: id, object)
         }
     }

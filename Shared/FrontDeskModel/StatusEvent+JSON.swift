@@ -5,7 +5,7 @@ import Foundation
 // `.sortedKeys` (checked by JSONWriterTests).
 
 extension StatusEvent.Project {
-    func write(_ key: String, to json: inout JSONWriter) {
+    public func write(_ key: String, to json: inout JSONWriter) {
         json.beginObject(key)
         json.field("accent", accent)
         json.field("glyph", glyph)
@@ -16,7 +16,7 @@ extension StatusEvent.Project {
 }
 
 extension StatusEvent.Target {
-    func write(_ key: String, to json: inout JSONWriter) {
+    public func write(_ key: String, to json: inout JSONWriter) {
         json.beginObject(key)
         json.field("id", id)
         json.field("name", name)
@@ -25,7 +25,7 @@ extension StatusEvent.Target {
 }
 
 extension StatusEvent.Route {
-    func write(_ key: String, to json: inout JSONWriter) {
+    public func write(_ key: String, to json: inout JSONWriter) {
         json.beginObject(key)
         json.beginArray("alternatives")
         for alternative in alternatives {
@@ -43,7 +43,7 @@ extension StatusEvent.Route {
 }
 
 extension StatusEvent.ErrorInfo {
-    func write(_ key: String, to json: inout JSONWriter) {
+    public func write(_ key: String, to json: inout JSONWriter) {
         json.beginObject(key)
         json.field("code", code)
         json.field("message", message)
@@ -86,6 +86,7 @@ extension StatusEvent {
             json.field("steps", steps)
             target?.write("target", to: &json)
             json.field("threadId", threadId)
+            json.field("user", user)
         }
     }
 }

@@ -95,6 +95,9 @@ public struct StatusEvent: Sendable, Codable, Equatable {
     public var elapsedMs: Int
     public var expiresAt: String
     public var threadId: String?
+    /// The request's `user` (an extension of the contract's fields): how the
+    /// gateway tells whose dispatch it is.
+    public var user: String?
 
     /// `status.<project>.<target>.<state>`, with `_` before the route is known.
     public var routingKey: String {

@@ -18,14 +18,26 @@ public struct ServiceBootstrap: Sendable {
         arguments: [String] = Array(CommandLine.arguments.dropFirst()),
         environment: [String: String] = ProcessInfo.processInfo.environment
     ) -> ServiceConfiguration {
+        configurationOrExit(
+            service: service, summary: summary, defaultHTTPPort: defaultHTTPPort, extra: [], arguments: arguments,
+            environment: environment
+        ).configuration
+    }
+
+    /// As above, with the service's own options besides the shared ones.
+    public static func configurationOrExit(
+        service: String, summary: String, defaultHTTPPort: Int, extra: [OptionSpecification],
+        arguments: [String] = Array(CommandLine.arguments.dropFirst()),
+        environment: [String: String] = ProcessInfo.processInfo.environment
+    ) -> (configuration: ServiceConfiguration, values: OptionValues) {
         do {
-            let options = ServiceConfiguration.options(defaultHTTPPort: defaultHTTPPort)
+            let options = ServiceConfiguration.options(defaultHTTPPort: defaultHTTPPort) + extra
             switch try OptionReader.read(options, arguments: arguments, environment: environment, program: service, summary: summary) {
             case .help(let text):
                 print(text)
                 exit(0)
             case .values(let values):
-                return try ServiceConfiguration(service: service, values: values, defaultHTTPPort: defaultHTTPPort)
+                return (try ServiceConfiguration(service: service, values: values, defaultHTTPPort: defaultHTTPPort), values)
             }
         } catch {
             FileHandle.standardError.write(Data("\(service): \(error.message)\n".utf8))

@@ -8,6 +8,21 @@ public enum SharedTopology {
     public static let deadLetterExchange = "frontdesk.dead"
     public static let deadLetterQueue = "frontdesk.dead"
 
+    /// Every status event, kept for a day, in one order: how a new sender
+    /// leader learns what was published before it, and where the gateway
+    /// reads a dispatch's history. Declared by the sender and the gateway.
+    public static let statusLog = "frontdesk.status.log"
+
+    public static func declareStatusLog(on channel: AMQPChannel) async throws {
+        try await channel.queueDeclare(statusLog, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
+        try await channel.queueBind(statusLog, exchange: statusExchange, routingKey: "status.#")
+    }
+
+    /// A target's task queue (CONTRACT.md): online while it has a consumer.
+    public static func agentQueue(_ r: RoutingTable.Route) -> String { "frontdesk.agent.\(r.project).\(r.target)" }
+    /// Where the sender keeps a target's dispatches while it is offline.
+    public static func parkQueue(_ r: RoutingTable.Route) -> String { "frontdesk.sender.park.\(r.project).\(r.target)" }
+
     public static func declare(on channel: AMQPChannel) async throws {
         try await channel.exchangeDeclare(commandsExchange, type: "topic")
         try await channel.exchangeDeclare(statusExchange, type: "topic")

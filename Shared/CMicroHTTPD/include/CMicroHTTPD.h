@@ -29,4 +29,49 @@ void fd_http_stop(fd_http_server *server);
 /// The answer: status, content type and body (copied).
 void fd_http_answer_set(fd_http_answer *answer, unsigned status, const char *content_type, const void *body, size_t length);
 
+/// Asynchronous requests, for the gateway: the handler is called on the
+/// server's thread once a request (with its body) is complete, copies what it
+/// needs, and answers later from any thread; the connection is suspended
+/// meanwhile, so a request that waits holds no thread and delays no other.
+typedef struct fd_request fd_request;
+
+/// A response written piece by piece (server-sent events), from any thread.
+typedef struct fd_stream fd_stream;
+
+typedef void (*fd_async_handler)(void *context, fd_request *request);
+
+/// Starts an asynchronous server. Bodies over `max_body` are answered 413 at
+/// once, without the handler. A connection still reading a request
+/// `max_age_s` after it opened, or after its last response, is closed.
+fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
+                                    unsigned max_connections, size_t max_body, fd_async_handler handler, void *context,
+                                    char *error, size_t error_len);
+
+/// What the handler may read, on the server's thread, during its call only.
+const char *fd_request_method(const fd_request *request);
+const char *fd_request_path(const fd_request *request);
+/// A header's value, or NULL.
+const char *fd_request_header(fd_request *request, const char *name);
+/// A query argument, decoded, or NULL.
+const char *fd_request_query(fd_request *request, const char *name);
+const void *fd_request_body(const fd_request *request, size_t *length);
+
+/// Answers once (copies the body). `extra` is one more header line's name
+/// and value, or NULLs. From any thread.
+void fd_request_answer(fd_request *request, unsigned status, const char *content_type, const void *body, size_t length,
+                       const char *extra_name, const char *extra_value);
+
+/// Answers with a stream; write to it with fd_stream_write. NULL if the
+/// client is gone. The caller releases the stream with fd_stream_release.
+fd_stream *fd_request_answer_stream(fd_request *request, unsigned status, const char *content_type);
+
+/// The caller's reference to the request, given up after answering.
+void fd_request_release(fd_request *request);
+
+/// Appends to the stream (and ends it when `end`); 0 when the client is gone
+/// or reads too slowly (more than `limit` bytes waiting): stop writing then.
+int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end, size_t limit);
+
+void fd_stream_release(fd_stream *stream);
+
 #endif

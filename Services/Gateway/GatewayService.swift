@@ -1,0 +1,329 @@
+import AMQP
+import CCrypto
+import Foundation
+import FrontDeskModel
+import ServiceKit
+import Synchronization
+
+/// frontdesk-gateway: HTTP for apps and browsers (CONTRACT.md, Gateway).
+/// Stateless: what it knows of dispatches it reads from the status log, a
+/// stream every replica reads from the start of the lifetime window; what it
+/// is asked to do it publishes to `frontdesk.commands` as a producer.
+final class GatewayService: Service {
+    struct Settings: Sendable {
+        var tokens: GatewayTokens
+        var table: RoutingTable
+        var lifetimeSeconds: Int
+        var login: String
+        /// How long a request for an id not seen yet waits for its first event.
+        var firstEventWait: Duration = .seconds(1)
+        var keepAliveInterval: Duration = .seconds(15)
+        /// The event book's size limit; ended dispatches heard of longest ago go first.
+        var maxBookBytes = 512 << 20
+    }
+
+    let client: AMQPClient
+    let settings: Settings
+    let logger: Logger
+    let state: GatewayState
+    let page: [String: Data]
+    private let presence: Presence
+    /// The log has been read up to the marker this replica wrote: history is complete.
+    private let caughtUp = Atomic<Bool>(false)
+    private let stopped = Atomic<Bool>(false)
+    private let stopSignal: AsyncStream<Void>.Continuation
+    private let stopStream: AsyncStream<Void>
+
+    init(client: AMQPClient, settings: Settings, logger: Logger, metrics: MetricsRegistry, page: [String: Data]) {
+        self.client = client
+        self.settings = settings
+        self.logger = logger
+        self.state = GatewayState(metrics: GatewayMetrics(metrics))
+        self.page = page
+        self.presence = Presence(client: client, table: settings.table)
+        (stopStream, stopSignal) = AsyncStream<Void>.makeStream()
+    }
+
+    var isReady: Bool { client.isReady && caughtUp.load(ordering: .acquiring) }
+
+    static let markerType = "frontdesk.gateway.marker.v1"
+
+    // MARK: Service
+
+    func run() async throws {
+        let since = UInt64(max(0, Date().timeIntervalSince1970 - Double(settings.lifetimeSeconds) - 300))
+        let marker = "gateway-\(UUID().uuidString)"
+        let state = state, login = settings.login
+        let stop = await client.consume(
+            ConsumerSpecification(queue: SharedTopology.statusLog, prefetchCount: 1000, arguments: ["x-stream-offset": .timestamp(since)]),
+            deliver: { [self] d in
+                if d.properties.type == StatusEvent.type {
+                    state.take(d.body, now: Date())
+                } else if d.properties.type == Self.markerType, d.properties.messageID == marker, d.properties.userID == login {
+                    caughtUp.store(true, ordering: .releasing)
+                }
+                try? d.ack()
+            },
+            ended: {})
+        async let markers: Void = writeMarker(marker)
+        async let housekeeping: Void = housekeep()
+        for await _ in stopStream { break }
+        await stop()
+        await markers
+        await housekeeping
+    }
+
+    func shutdown() async {
+        stopped.store(true, ordering: .releasing)
+        state.endAllStreams()
+        stopSignal.yield()
+        stopSignal.finish()
+    }
+
+    /// Writes this replica's marker into the log (retrying until the broker
+    /// takes it): once read back, everything before it has been read.
+    private func writeMarker(_ marker: String) async {
+        while !stopped.load(ordering: .acquiring), !caughtUp.load(ordering: .acquiring) {
+            do {
+                try await client.publish(OutboundMessage(
+                    exchange: "", routingKey: SharedTopology.statusLog, body: Data("{}".utf8),
+                    properties: AMQPProperties.persistentJSON(messageID: marker, type: Self.markerType).stamped(by: settings.login)))
+                return
+            } catch {
+                try? await Task.sleep(for: .milliseconds(500))
+            }
+        }
+    }
+
+    /// Keep-alive comments on every stream, and pruning of old dispatches.
+    private func housekeep() async {
+        var ticks = 0
+        while !stopped.load(ordering: .acquiring) {
+            try? await Task.sleep(for: settings.keepAliveInterval)
+            state.keepAlive()
+            ticks += 1
+            if ticks % 4 == 0 {
+                let cutoff = Date().addingTimeInterval(-Double(settings.lifetimeSeconds) - 600)
+                state.prune(heardBefore: cutoff, maxBytes: settings.maxBookBytes)
+            }
+        }
+    }
+
+    // MARK: HTTP
+
+    func handle(_ request: AsyncHTTPRequest, _ responder: HTTPResponder) async {
+        let endpoint = GatewayEndpoint.parse(method: request.method, path: request.path)
+        let status: Int
+        do {
+            status = try await answer(endpoint, request, responder)
+        } catch let error as GatewayError {
+            responder.answer(
+                status: error.status, contentType: "application/json", body: error.body,
+                header: error.status == 401 ? ("WWW-Authenticate", "Bearer") : nil)
+            status = error.status
+        } catch {
+            let e = GatewayError(500, "internal", "the request could not be completed")
+            responder.answer(status: 500, contentType: "application/json", body: e.body)
+            status = 500
+        }
+        state.metrics.requests.increment(String(status))
+    }
+
+    private func user(_ request: AsyncHTTPRequest) throws(GatewayError) -> String {
+        guard request.headers["authorization"] != nil else { throw .unauthorized("a bearer token is required") }
+        guard let user = settings.tokens.user(authorization: request.headers["authorization"], digest: Self.sha256Hex) else {
+            throw .unauthorized("the token is not valid")
+        }
+        return user
+    }
+
+    static func sha256Hex(_ text: String) -> String {
+        var digest = [UInt8](repeating: 0, count: 32)
+        let bytes = Array(text.utf8)
+        guard fd_sha256(bytes, bytes.count, &digest) == 1 else { return "" }
+        return digest.map { String(format: "%02x", $0) }.joined()
+    }
+
+    private func json(_ responder: HTTPResponder, _ status: Int, _ body: Data) -> Int {
+        responder.answer(status: status, contentType: "application/json", body: body)
+        return status
+    }
+
+    /// The dispatch, if it is `user`'s; an id not seen yet gets a moment to
+    /// appear (it may have been posted to another replica just now).
+    private func owned(_ id: String, by user: String) async throws(GatewayError) {
+        if state.owner(id) == nil { _ = await state.waitForEvent(id, timeout: settings.firstEventWait) }
+        guard state.isOwned(id, by: user) else { throw .notFound }
+    }
+
+    private func answer(_ endpoint: GatewayEndpoint, _ request: AsyncHTTPRequest, _ responder: HTTPResponder) async throws -> Int {
+        if case .page(let file) = endpoint {
+            guard let body = page[file] else { throw GatewayError(404, "not_found", "no such page") }
+            let type = file.hasSuffix(".js") ? "text/javascript; charset=utf-8"
+                : file.hasSuffix(".css") ? "text/css; charset=utf-8" : "text/html; charset=utf-8"
+            responder.answer(
+                status: 200, contentType: type, body: body,
+                header: ("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:"))
+            return 200
+        }
+        switch endpoint {
+        case .notFound: throw GatewayError(404, "not_found", "no such endpoint")
+        case .methodNotAllowed(let allowed):
+            let e = GatewayError(405, "method_not_allowed", "use \(allowed)")
+            responder.answer(status: 405, contentType: "application/json", body: e.body, header: ("Allow", allowed))
+            return 405
+        default: break
+        }
+        let user = try user(request)
+        switch endpoint {
+        case .createDispatch:
+            let (id, body) = try GatewayBodies.dispatchRequest(request.body, user: user, makeID: { UUID().uuidString.lowercased() }).get()
+            if let owner = state.owner(id), owner != user {
+                throw GatewayError(409, "id_taken", "the id '\(id)' belongs to another dispatch; a new request needs a new id")
+            }
+            if state.owner(id) == nil {
+                try await publish(CommandKey.request, id: id, body: body)
+                _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
+            }
+            let answer = JSONWriter.object { json in
+                json.field("events", "/v1/dispatches/\(id)/events")
+                json.field("id", id)
+            }
+            responder.answer(status: 202, contentType: "application/json", body: answer, header: ("Location", "/v1/dispatches/\(id)"))
+            return 202
+        case .latest(let id):
+            try await owned(id, by: user)
+            guard let latest = state.latest(id, user: user) else { throw GatewayError.notFound }
+            return json(responder, 200, latest.body)
+        case .events(let id):
+            try await owned(id, by: user)
+            let after = ServerSentEvents.lastSeq(request.headers["last-event-id"])
+            guard let stream = responder.stream(status: 200, contentType: "text/event-stream; charset=utf-8") else { return 499 }
+            state.subscribe(id, user: user, after: after, stream: stream)
+            return 200
+        case .cancel(let id):
+            let body = try GatewayBodies.cancel(request.body, id: id).get()
+            try await owned(id, by: user)
+            try await publish(CommandKey.cancel, id: id, body: body)
+            return json(responder, 202, JSONWriter.object { $0.field("id", id) })
+        case .reroute(let id):
+            let body = try GatewayBodies.reroute(request.body, id: id, table: settings.table).get()
+            try await owned(id, by: user)
+            try await publish(CommandKey.reroute, id: id, body: body)
+            return json(responder, 202, JSONWriter.object { $0.field("id", id) })
+        case .activity(let id):
+            let body = try GatewayBodies.activity(request.body, id: id).get()
+            try await owned(id, by: user)
+            try await publish(CommandKey.activity, id: id, body: body)
+            responder.answer(status: 204, contentType: "application/json", body: Data())
+            return 204
+        case .targets:
+            let counts = await presence.current()
+            return json(responder, 200, GatewayViews.targets(settings.table, presence: counts))
+        case .route:
+            guard let input = request.query["input"], (1...IntakeClassifier.maxInputScalars).contains(input.unicodeScalars.count) else {
+                throw GatewayError.invalid("'input' must be 1–\(IntakeClassifier.maxInputScalars) characters")
+            }
+            switch RouteResolver(table: settings.table).resolve(input: input) {
+            case .success(let resolution): return json(responder, 200, GatewayViews.route(resolution, table: settings.table))
+            case .failure(let failure): throw GatewayError(422, failure.code, failure.message)
+            }
+        case .page, .notFound, .methodNotAllowed: return 500  // answered above
+        }
+    }
+
+    private func publish(_ key: String, id: String, body: Data) async throws {
+        do {
+            let properties = AMQPProperties.persistentJSON(
+                messageID: "\(id)/\(key)/\(UUID().uuidString)", correlationID: id, type: "frontdesk.\(key).v1")
+            try await client.publish(OutboundMessage(
+                exchange: SharedTopology.commandsExchange, routingKey: key, body: body,
+                properties: properties.stamped(by: settings.login), mandatory: key != CommandKey.activity))
+            state.metrics.published.increment(key)
+        } catch {
+            logger.warning("cannot publish", [("key", .string(key)), ("error", .string("\(error)"))])
+            throw GatewayError(503, "unavailable", "the broker did not take the command; try again")
+        }
+    }
+}
+
+/// Each target's presence, read from the broker (agent queue consumers,
+/// park queue depth) at most once a second.
+actor Presence {
+    struct Count: Sendable {
+        var online: Bool
+        var parked: Int
+    }
+
+    private let client: AMQPClient
+    private let table: RoutingTable
+    private var cached: [RoutingTable.Route: Count] = [:]
+    private var readAt = ContinuousClock.now - .seconds(10)
+
+    init(client: AMQPClient, table: RoutingTable) {
+        self.client = client
+        self.table = table
+    }
+
+    func current() async -> [RoutingTable.Route: Count] {
+        guard ContinuousClock.now - readAt > .seconds(1) else { return cached }
+        var fresh: [RoutingTable.Route: Count] = [:]
+        for route in table.routes {
+            var count = Count(online: false, parked: 0)
+            if let agents = try? await client.withChannel({ try await $0.queueDeclare(SharedTopology.agentQueue(route), passive: true) }) {
+                count.online = agents.consumerCount > 0
+            }
+            if let park = try? await client.withChannel({ try await $0.queueDeclare(SharedTopology.parkQueue(route), passive: true) }) {
+                count.parked = Int(park.messageCount)
+            }
+            fresh[route] = count
+        }
+        cached = fresh
+        readAt = .now
+        return fresh
+    }
+}
+
+/// The JSON views of the routing table.
+enum GatewayViews {
+    static func targets(_ table: RoutingTable, presence: [RoutingTable.Route: Presence.Count]) -> Data {
+        JSONWriter.object { json in
+            json.beginArray("projects")
+            for p in table.projects {
+                json.beginObject()
+                json.field("accent", p.accent)
+                json.field("glyph", p.glyph)
+                json.field("id", p.id)
+                json.field("name", p.name)
+                json.beginArray("targets")
+                for t in p.targets {
+                    let count = presence[.init(project: p.id, target: t.id)]
+                    json.beginObject()
+                    json.field("contacts", t.contacts)
+                    json.field("id", t.id)
+                    json.field("keywords", t.keywords)
+                    json.field("name", t.name)
+                    json.field("online", count?.online ?? false)
+                    json.field("parked", count?.parked ?? 0)
+                    json.endObject()
+                }
+                json.endArray()
+                json.endObject()
+            }
+            json.endArray()
+        }
+    }
+
+    /// The best guess as a `routing` event carries it: project, target, route.
+    static func route(_ r: RouteResolution, table: RoutingTable) -> Data {
+        let parts = table.eventParts(r.route)
+        let event = StatusEvent.Route(
+            confidence: r.confidence, reason: r.reason,
+            alternatives: r.alternatives.map { .init(project: $0.route.project, target: $0.route.target, confidence: $0.confidence) })
+        return JSONWriter.object { json in
+            parts?.project.write("project", to: &json)
+            event.write("route", to: &json)
+            parts?.target.write("target", to: &json)
+        }
+    }
+}

@@ -1,0 +1,169 @@
+import Foundation
+import FrontDeskModel
+import ServiceKit
+import Synchronization
+
+/// The gateway's memory: the event book, the open event streams and the
+/// requests waiting for a dispatch's first event. One lock; nothing under it
+/// blocks (a stream write only queues bytes).
+final class GatewayState: Sendable {
+    private struct Subscriber {
+        let stream: HTTPStream
+        var lastSeq: Int
+    }
+
+    private struct Waiter {
+        let token: UInt64
+        let continuation: CheckedContinuation<Bool, Never>
+    }
+
+    private struct State {
+        var book = EventBook()
+        var subscribers: [String: [Subscriber]] = [:]
+        var streams = 0
+        var waiters: [String: [Waiter]] = [:]
+        var nextToken: UInt64 = 0
+    }
+
+    private let state = Mutex(State())
+    let metrics: GatewayMetrics
+
+    init(metrics: GatewayMetrics) { self.metrics = metrics }
+
+    /// Takes one status event body from the log; writes it to the dispatch's
+    /// open streams and wakes the requests waiting for it.
+    func take(_ body: Data, now: Date) {
+        guard let e = EventBook.read(body) else { return }
+        let woken: [Waiter] = state.withLock { s in
+            guard s.book.add(id: e.id, seq: e.seq, state: e.state, user: e.user, body: body, now: now) else { return [] }
+            if var subscribers = s.subscribers[e.id] {
+                let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: body)
+                subscribers = subscribers.compactMap { sub in
+                    guard e.seq > sub.lastSeq else { return sub }
+                    let open = sub.stream.write(frame, end: e.state.isTerminal)
+                    guard open, !e.state.isTerminal else { return nil }
+                    return Subscriber(stream: sub.stream, lastSeq: e.seq)
+                }
+                s.streams -= (s.subscribers[e.id]?.count ?? 0) - subscribers.count
+                s.subscribers[e.id] = subscribers.isEmpty ? nil : subscribers
+            }
+            metrics.dispatches.set(Double(s.book.count))
+            metrics.streams.set(Double(s.streams))
+            return s.waiters.removeValue(forKey: e.id) ?? []
+        }
+        metrics.events.increment()
+        for w in woken { w.continuation.resume(returning: true) }
+    }
+
+    func owner(_ id: String) -> String?? { state.withLock { $0.book.owner(id) } }
+
+    func latest(_ id: String, user: String) -> EventBook.Event? {
+        state.withLock { $0.book.isOwned(id, by: user) ? $0.book.latest(id) : nil }
+    }
+
+    func isOwned(_ id: String, by user: String) -> Bool { state.withLock { $0.book.isOwned(id, by: user) } }
+
+    /// Waits until the dispatch has an event, at most `timeout`; true when it has one.
+    func waitForEvent(_ id: String, timeout: Duration) async -> Bool {
+        let token: UInt64? = state.withLock { s in
+            guard !s.book.knows(id) else { return nil }
+            s.nextToken += 1
+            return s.nextToken
+        }
+        guard let token else { return true }
+        return await withCheckedContinuation { continuation in
+            let known = state.withLock { s -> Bool in
+                if s.book.knows(id) { return true }
+                s.waiters[id, default: []].append(Waiter(token: token, continuation: continuation))
+                return false
+            }
+            if known {
+                continuation.resume(returning: true)
+                return
+            }
+            Task {
+                try? await Task.sleep(for: timeout)
+                let timedOut = self.state.withLock { s -> Waiter? in
+                    guard var list = s.waiters[id], let i = list.firstIndex(where: { $0.token == token }) else { return nil }
+                    let w = list.remove(at: i)
+                    s.waiters[id] = list.isEmpty ? nil : list
+                    return w
+                }
+                timedOut?.continuation.resume(returning: false)
+            }
+        }
+    }
+
+    /// Opens an event stream for `user`'s dispatch: the events after
+    /// `lastSeq` now, the later ones as they come; ended after the terminal
+    /// event. False when the dispatch is not the user's.
+    func subscribe(_ id: String, user: String, after lastSeq: Int, stream: HTTPStream) {
+        state.withLock { s in
+            guard s.book.isOwned(id, by: user) else {
+                stream.write(Data(), end: true)
+                return
+            }
+            var sent = lastSeq
+            guard stream.write(ServerSentEvents.retry) else { return }
+            for e in s.book.events(id, after: lastSeq) {
+                guard stream.write(ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: e.body), end: e.state.isTerminal)
+                else { return }
+                sent = e.seq
+                if e.state.isTerminal { return }
+            }
+            if s.book.isEnded(id) {  // resumed after the terminal event
+                stream.write(Data(), end: true)
+                return
+            }
+            s.subscribers[id, default: []].append(Subscriber(stream: stream, lastSeq: sent))
+            s.streams += 1
+            metrics.streams.set(Double(s.streams))
+        }
+    }
+
+    /// Writes a keep-alive comment to every open stream; drops the closed ones.
+    func keepAlive() {
+        state.withLock { s in
+            for (id, subscribers) in s.subscribers {
+                let open = subscribers.filter { $0.stream.write(ServerSentEvents.keepAlive) }
+                s.streams -= subscribers.count - open.count
+                s.subscribers[id] = open.isEmpty ? nil : open
+            }
+            metrics.streams.set(Double(s.streams))
+        }
+    }
+
+    func prune(heardBefore cutoff: Date, maxBytes: Int) {
+        state.withLock { s in
+            s.book.prune(heardBefore: cutoff, maxBytes: maxBytes)
+            metrics.dispatches.set(Double(s.book.count))
+        }
+    }
+
+    /// Ends every stream (shutdown): clients reconnect to another replica.
+    func endAllStreams() {
+        state.withLock { s in
+            for subscribers in s.subscribers.values {
+                for sub in subscribers { sub.stream.write(Data(), end: true) }
+            }
+            s.subscribers = [:]
+            s.streams = 0
+        }
+    }
+}
+
+struct GatewayMetrics: Sendable {
+    let requests: Counter
+    let streams: Gauge
+    let dispatches: Gauge
+    let events: Counter
+    let published: Counter
+
+    init(_ registry: MetricsRegistry) {
+        requests = registry.counter("frontdesk_gateway_requests_total", "HTTP requests by status code", labels: ["status"])
+        streams = registry.gauge("frontdesk_gateway_streams", "open event streams")
+        dispatches = registry.gauge("frontdesk_gateway_dispatches", "dispatches known from the status log")
+        events = registry.counter("frontdesk_gateway_events_total", "status events read from the status log")
+        published = registry.counter("frontdesk_gateway_published_total", "commands published, by routing key", labels: ["key"])
+    }
+}

@@ -1,0 +1,101 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+import ServiceKit
+
+// frontdesk-gateway: HTTP, server-sent events and the web Live Activity for
+// apps and browsers (CONTRACT.md, Gateway).
+
+let (configuration, values) = ServiceBootstrap.configurationOrExit(
+    service: "frontdesk-gateway",
+    summary: "HTTP and server-sent events for Front Desk dispatches, and the web Live Activity",
+    defaultHTTPPort: 9103,
+    extra: [
+        .init("FRONTDESK_GATEWAY_PORT", default: "8080", help: "port of the HTTP API and the page"),
+        .init("FRONTDESK_GATEWAY_TOKENS", default: "none: every /v1 request answers 401", help: "JSON file: token SHA-256 (hex) → user id"),
+    ])
+let table = ServiceBootstrap.routingTableOrExit(configuration)
+
+func exitWithUsage(_ message: String) -> Never {
+    FileHandle.standardError.write(Data("frontdesk-gateway: \(message)\n".utf8))
+    exit(2)
+}
+
+let port: Int
+do {
+    port = try values.int("FRONTDESK_GATEWAY_PORT", default: 8080, in: 0...65535)
+} catch {
+    exitWithUsage(error.message)
+}
+var tokens = GatewayTokens(users: [:])
+if let path = values["FRONTDESK_GATEWAY_TOKENS"] {
+    guard let data = FileManager.default.contents(atPath: path) else { exitWithUsage("cannot read FRONTDESK_GATEWAY_TOKENS '\(path)'") }
+    do {
+        tokens = try GatewayTokens(json: data)
+    } catch {
+        exitWithUsage("FRONTDESK_GATEWAY_TOKENS: \(error.message)")
+    }
+}
+
+/// The page's files, shipped as the target's resources.
+func loadPage() -> [String: Data] {
+    var files: [String: Data] = [:]
+    for name in GatewayEndpoint.pageFiles {
+        let parts = name.split(separator: ".")
+        if let url = Bundle.module.url(forResource: String(parts[0]), withExtension: String(parts[1]), subdirectory: "Page"),
+            let data = try? Data(contentsOf: url)
+        {
+            files[name] = data
+        }
+    }
+    return files
+}
+
+let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
+    try await SharedTopology.declare(on: channel)
+    try await SharedTopology.declareStatusLog(on: channel)
+}
+let page = loadPage()
+if page.count != GatewayEndpoint.pageFiles.count {
+    bootstrap.logger.warning("the page's files are missing; / answers 404", [("found", .int(page.count))])
+}
+let gateway = GatewayService(
+    client: bootstrap.client,
+    settings: .init(tokens: tokens, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login),
+    logger: bootstrap.logger, metrics: bootstrap.metrics, page: page)
+
+let api: AsyncHTTPServer
+do {
+    api = try AsyncHTTPServer(
+        port: port, maxBody: IntakeClassifier.maxBodyBytes, headers: ["Authorization", "Last-Event-ID"], query: ["input"]
+    ) { request, responder in
+        Task { await gateway.handle(request, responder) }
+    }
+} catch {
+    bootstrap.logger.error("cannot serve the API", [("port", .int(port)), ("error", .string("\(error)"))])
+    exit(1)
+}
+let probes: HTTPServer?
+if configuration.httpPort != 0 {
+    do {
+        probes = try HTTPServer(
+            port: configuration.httpPort,
+            handler: ProbeRoutes.handler(isReady: { gateway.isReady }, metrics: bootstrap.metrics))
+    } catch {
+        bootstrap.logger.error("cannot serve probes", [("error", .string("\(error)"))])
+        exit(1)
+    }
+} else {
+    probes = nil
+}
+bootstrap.logger.info("starting", [
+    ("broker", .string("\(configuration.amqp.url)")),
+    ("port", .int(api.port)),
+    ("users", .int(Set(tokens.users.values).count)),
+    ("targets", .int(table.routes.count)),
+])
+let status = await ServiceLifecycle.run([AMQPClientService(client: bootstrap.client), gateway], logger: bootstrap.logger)
+api.stop()
+probes?.stop()
+bootstrap.logger.info("stopped", [("status", .int(Int(status)))])
+exit(status)

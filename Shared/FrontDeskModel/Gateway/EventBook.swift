@@ -1,0 +1,88 @@
+import Foundation
+
+/// What the gateway knows of each dispatch: its status events in seq order
+/// (the bodies as published), and whose it is. Filled from the status log,
+/// pruned by age and size. Pure: the caller supplies the time.
+public struct EventBook: Sendable {
+    public struct Event: Sendable, Equatable {
+        public var seq: Int
+        public var state: DispatchState
+        public var body: Data
+    }
+
+    struct Entry: Sendable {
+        var user: String?
+        var events: [Event] = []
+        var heardAt: Date
+        var bytes = 0
+        var terminal: Bool { events.last?.state.isTerminal ?? false }
+    }
+
+    private var entries: [String: Entry] = [:]
+    public private(set) var bytes = 0
+    public var count: Int { entries.count }
+
+    public init() {}
+
+    /// The fields of a status event body the gateway reads; nil for anything else.
+    public static func read(_ body: Data) -> (id: String, seq: Int, state: DispatchState, user: String?)? {
+        guard let fields = try? JSONFields(body), let id = try? fields.string("dispatchId"), Identifiers.isValidDispatchID(id),
+            let seq = try? fields.int("seq", in: 1...Int(Int32.max)),
+            let stateText = try? fields.string("state"), let state = DispatchState(rawValue: stateText)
+        else { return nil }
+        return (id, seq, state, (try? fields.optionalString("user")) ?? nil)
+    }
+
+    /// Adds an event; false when it is already known (same seq) or the
+    /// dispatch ended before it (nothing follows a terminal event).
+    @discardableResult
+    public mutating func add(id: String, seq: Int, state: DispatchState, user: String?, body: Data, now: Date) -> Bool {
+        var entry = entries[id] ?? Entry(user: user, heardAt: now)
+        if entry.events.contains(where: { $0.seq == seq }) { return false }
+        if let last = entry.events.last, last.state.isTerminal, seq > last.seq { return false }
+        if entry.user == nil { entry.user = user }
+        let event = Event(seq: seq, state: state, body: body)
+        if let i = entry.events.firstIndex(where: { $0.seq > seq }) {
+            entry.events.insert(event, at: i)
+        } else {
+            entry.events.append(event)
+        }
+        entry.heardAt = now
+        entry.bytes += body.count
+        bytes += body.count
+        entries[id] = entry
+        return true
+    }
+
+    public func knows(_ id: String) -> Bool { entries[id] != nil }
+
+    /// The dispatch's owner, when the dispatch is known (nil inside: a request without a user).
+    public func owner(_ id: String) -> String?? { entries[id].map { $0.user } }
+
+    /// Whether `user` may see the dispatch: it is known and theirs.
+    public func isOwned(_ id: String, by user: String) -> Bool { entries[id]?.user == user }
+
+    public func latest(_ id: String) -> Event? { entries[id]?.events.last }
+
+    public func events(_ id: String, after seq: Int) -> [Event] {
+        entries[id]?.events.filter { $0.seq > seq } ?? []
+    }
+
+    public func isEnded(_ id: String) -> Bool { entries[id]?.terminal ?? false }
+
+    /// Forgets dispatches not heard of since `cutoff`, then, while over
+    /// `maxBytes`, the ended ones heard of longest ago.
+    public mutating func prune(heardBefore cutoff: Date, maxBytes: Int) {
+        for (id, e) in entries where e.heardAt < cutoff {
+            bytes -= e.bytes
+            entries[id] = nil
+        }
+        guard bytes > maxBytes else { return }
+        let ended = entries.filter { $0.value.terminal }.sorted { $0.value.heardAt < $1.value.heardAt }
+        for (id, e) in ended {
+            guard bytes > maxBytes else { break }
+            bytes -= e.bytes
+            entries[id] = nil
+        }
+    }
+}

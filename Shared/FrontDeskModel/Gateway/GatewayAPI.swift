@@ -1,0 +1,250 @@
+import Foundation
+
+/// The gateway's HTTP interface (CONTRACT.md, Gateway): which endpoint a
+/// request is, and the error answers. Pure.
+public enum GatewayEndpoint: Equatable, Sendable {
+    case createDispatch
+    case latest(id: String)
+    case events(id: String)
+    case cancel(id: String)
+    case reroute(id: String)
+    case activity(id: String)
+    case targets
+    case route
+    /// The web page and its files (`/`, `/app.js`, `/app.css`).
+    case page(file: String)
+    case notFound
+    case methodNotAllowed(allowed: String)
+
+    public static let pageFiles = ["index.html", "app.js", "app.css"]
+
+    public static func parse(method: String, path: String) -> GatewayEndpoint {
+        func only(_ allowed: String, _ endpoint: GatewayEndpoint) -> GatewayEndpoint {
+            method == allowed || (allowed == "GET" && method == "HEAD") ? endpoint : .methodNotAllowed(allowed: allowed)
+        }
+        switch path {
+        case "/", "/index.html": return only("GET", .page(file: "index.html"))
+        case "/app.js": return only("GET", .page(file: "app.js"))
+        case "/app.css": return only("GET", .page(file: "app.css"))
+        case "/v1/dispatches": return only("POST", .createDispatch)
+        case "/v1/targets": return only("GET", .targets)
+        case "/v1/route": return only("GET", .route)
+        default: break
+        }
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false)
+        // "", "v1", "dispatches", id[, action]
+        guard parts.count >= 4, parts.count <= 5, parts[0].isEmpty, parts[1] == "v1", parts[2] == "dispatches" else { return .notFound }
+        let id = String(parts[3])
+        guard Identifiers.isValidDispatchID(id) else { return .notFound }
+        guard parts.count == 5 else { return only("GET", .latest(id: id)) }
+        switch parts[4] {
+        case "events": return only("GET", .events(id: id))
+        case "cancel": return only("POST", .cancel(id: id))
+        case "reroute": return only("POST", .reroute(id: id))
+        case "activity": return only("PUT", .activity(id: id))
+        default: return .notFound
+        }
+    }
+
+    /// Whether the endpoint needs a bearer token (every `/v1` one).
+    public var needsToken: Bool {
+        switch self {
+        case .page, .notFound, .methodNotAllowed: false
+        default: true
+        }
+    }
+}
+
+/// An error answer: `{"error": {"code", "message"}}` with its status.
+public struct GatewayError: Error, Equatable, Sendable {
+    public var status: Int
+    public var code: String
+    public var message: String
+
+    public init(_ status: Int, _ code: String, _ message: String) {
+        self.status = status
+        self.code = code
+        self.message = message
+    }
+
+    public static func unauthorized(_ why: String) -> GatewayError { .init(401, "unauthorized", why) }
+    public static let notFound = GatewayError(404, "not_found", "no such dispatch")
+    public static func invalid(_ why: String) -> GatewayError { .init(400, "invalid_request", why) }
+
+    public var body: Data {
+        JSONWriter.object { json in
+            json.beginObject("error")
+            json.field("code", code)
+            json.field("message", message)
+            json.endObject()
+        }
+    }
+}
+
+/// Bearer tokens: the file of `FRONTDESK_GATEWAY_TOKENS` maps the hex SHA-256
+/// of each token to its user id. Only digests are kept.
+public struct GatewayTokens: Sendable, Equatable {
+    public let users: [String: String]
+
+    public init(users: [String: String]) { self.users = users }
+
+    /// Reads the file's JSON; a bad file is a start-up error naming the problem.
+    public init(json: Data) throws(GatewayConfigError) {
+        guard let object = try? JSONSerialization.jsonObject(with: json) as? [String: Any] else {
+            throw GatewayConfigError("the tokens file must be a JSON object: token SHA-256 (hex) → user id")
+        }
+        var users: [String: String] = [:]
+        for (digest, value) in object {
+            let lower = digest.lowercased()
+            guard lower.utf8.count == 64, lower.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) }) else {
+                throw GatewayConfigError("'\(digest.prefix(80))' is not a hex SHA-256 digest (64 hex digits)")
+            }
+            guard let user = value as? String, !user.isEmpty, user.unicodeScalars.count <= 128 else {
+                throw GatewayConfigError("the user of \(lower.prefix(8))… must be a string of 1–128 characters")
+            }
+            users[lower] = user
+        }
+        self.users = users
+    }
+
+    /// The user of an `Authorization` header's bearer token, given the
+    /// token's digest function; nil for a missing, malformed or unknown token.
+    public func user(authorization: String?, digest: (String) -> String) -> String? {
+        guard let authorization else { return nil }
+        let parts = authorization.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
+        let token = parts[1].trimmingCharacters(in: .whitespaces)
+        guard !token.isEmpty, token.utf8.count <= 4096 else { return nil }
+        return users[digest(token)]
+    }
+}
+
+public struct GatewayConfigError: Error, Sendable, CustomStringConvertible {
+    public var message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+/// The bodies the gateway takes, checked and turned into what it publishes.
+public enum GatewayBodies {
+    /// A request body for `dispatch.request`: the client's fields the
+    /// contract names (nothing else), `user` from the token, and an id made
+    /// with `makeID` when the client gave none. The result is checked as the
+    /// router would check it.
+    public static func dispatchRequest(_ body: Data, user: String, makeID: () -> String) -> Result<(id: String, body: Data), GatewayError> {
+        guard body.count <= IntakeClassifier.maxBodyBytes else {
+            return .failure(.init(413, "too_large", "the body is over \(IntakeClassifier.maxBodyBytes) bytes"))
+        }
+        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
+            return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+        }
+        var out: [String: Any] = [:]
+        if let id = object["id"], !(id is NSNull) {
+            guard let id = id as? String, Identifiers.isValidDispatchID(id) else {
+                return .failure(.invalid("'id' must be 1–128 of [A-Za-z0-9._:-]"))
+            }
+            out["id"] = id
+        } else {
+            out["id"] = makeID()
+        }
+        for key in ["input", "threadId", "project", "target", "createdAt"] {
+            if let value = object[key], !(value is NSNull) { out[key] = value }
+        }
+        out["user"] = user
+        guard let data = try? JSONSerialization.data(withJSONObject: out, options: [.sortedKeys]) else {
+            return .failure(.invalid("the body cannot be encoded"))
+        }
+        switch IntakeClassifier.classify(routingKey: CommandKey.request, type: nil, body: data) {
+        case .request(let request): return .success((request.id, data))
+        case .reject(let code, let reason, _, _): return .failure(.init(code == .tooLarge ? 413 : 400, code.rawValue, reason))
+        default: return .failure(.invalid("not a dispatch request"))
+        }
+    }
+
+    /// A cancel's body: `{"reason"}` optional (an empty body is a cancel by "user").
+    public static func cancel(_ body: Data, id: String) -> Result<Data, GatewayError> {
+        var reason = "user"
+        if !body.isEmpty {
+            guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
+                return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+            }
+            if let r = object["reason"], !(r is NSNull) {
+                guard let r = r as? String, !r.isEmpty else { return .failure(.invalid("'reason' must be a non-empty string")) }
+                reason = String(String.UnicodeScalarView(r.unicodeScalars.prefix(IntakeClassifier.maxReasonScalars)))
+            }
+        }
+        return .success(JSONWriter.object { json in
+            json.field("id", id)
+            json.field("reason", reason)
+        })
+    }
+
+    /// A reroute's body: `{"project","target"}`, a target of `table` (else 422).
+    public static func reroute(_ body: Data, id: String, table: RoutingTable) -> Result<Data, GatewayError> {
+        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
+            return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+        }
+        guard let project = object["project"] as? String, let target = object["target"] as? String else {
+            return .failure(.invalid("a reroute needs 'project' and 'target' strings"))
+        }
+        let route = RoutingTable.Route(project: project, target: target)
+        guard table.target(route) != nil else {
+            return .failure(.init(422, "unknown_target", "\(route.description.prefix(200)) is no target of the routing table"))
+        }
+        return .success(JSONWriter.object { json in
+            json.field("id", id)
+            json.field("project", project)
+            json.field("target", target)
+        })
+    }
+
+    public static let environments: Set<String> = ["production", "sandbox"]
+
+    /// An activity registration: `{"pushToken": hex, "environment"}`.
+    public static func activity(_ body: Data, id: String) -> Result<Data, GatewayError> {
+        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
+            return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+        }
+        guard let token = object["pushToken"] as? String, (2...512).contains(token.utf8.count), token.utf8.count % 2 == 0,
+            token.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) || (65...70).contains($0) })
+        else {
+            return .failure(.invalid("'pushToken' must be an even number (2–512) of hex digits"))
+        }
+        let environment = (object["environment"] as? String) ?? "production"
+        guard environments.contains(environment) else {
+            return .failure(.invalid("'environment' must be production or sandbox"))
+        }
+        return .success(JSONWriter.object { json in
+            json.field("environment", environment)
+            json.field("id", id)
+            json.field("pushToken", token.lowercased())
+        })
+    }
+}
+
+/// Server-sent events framing.
+public enum ServerSentEvents {
+    /// One event: `id: <seq>`, `event: <state>`, then the JSON as `data:` lines.
+    public static func frame(seq: Int, state: String, data: Data) -> Data {
+        var out = Data("id: \(seq)\nevent: \(state)\n".utf8)
+        for line in data.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+            out.append(contentsOf: Array("data: ".utf8))
+            out.append(contentsOf: line.filter { $0 != UInt8(ascii: "\r") })
+            out.append(UInt8(ascii: "\n"))
+        }
+        out.append(UInt8(ascii: "\n"))
+        return out
+    }
+
+    /// A comment line: keeps proxies from closing an idle stream.
+    public static let keepAlive = Data(": keep-alive\n\n".utf8)
+
+    /// How long a browser waits before reconnecting.
+    public static let retry = Data("retry: 1000\n\n".utf8)
+
+    /// `Last-Event-ID`: the seq after which to resume; 0 when absent or not a seq.
+    public static func lastSeq(_ header: String?) -> Int {
+        guard let header, let seq = Int(header.trimmingCharacters(in: .whitespaces)), seq > 0 else { return 0 }
+        return seq
+    }
+}

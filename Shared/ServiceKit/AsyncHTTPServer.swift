@@ -1,0 +1,174 @@
+import CMicroHTTPD
+import Foundation
+import Synchronization
+
+/// One complete request, copied off the server's thread.
+public struct AsyncHTTPRequest: Sendable {
+    public var method: String
+    /// The path, without the query.
+    public var path: String
+    /// The headers asked for at start-up (by lower-cased name), when present.
+    public var headers: [String: String]
+    /// The query arguments asked for at start-up, decoded, when present.
+    public var query: [String: String]
+    public var body: Data
+
+    public init(method: String, path: String, headers: [String: String] = [:], query: [String: String] = [:], body: Data = Data()) {
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.query = query
+        self.body = body
+    }
+}
+
+/// The way to answer one request, exactly once, from any thread or task.
+/// Dropped unanswered, it answers 500: a handler's mistake never leaves a
+/// client waiting.
+public final class HTTPResponder: Sendable {
+    private let request: Mutex<Int>
+
+    init(_ request: OpaquePointer) { self.request = Mutex(Int(bitPattern: UnsafeRawPointer(request))) }
+
+    /// Takes the request: nil once answered.
+    private func take() -> OpaquePointer? {
+        request.withLock { r in
+            defer { r = 0 }
+            return OpaquePointer(bitPattern: r)
+        }
+    }
+
+    public func answer(status: Int, contentType: String, body: Data, header: (name: String, value: String)? = nil) {
+        guard let r = take() else { return }
+        body.withUnsafeBytes { bytes in
+            fd_request_answer(r, UInt32(clamping: status), contentType, bytes.baseAddress, bytes.count, header?.name, header?.value)
+        }
+        fd_request_release(r)
+    }
+
+    /// Answers with a stream, to be written with `HTTPStream.write`; nil when the client is gone.
+    public func stream(status: Int, contentType: String) -> HTTPStream? {
+        guard let r = take() else { return nil }
+        defer { fd_request_release(r) }
+        return fd_request_answer_stream(r, UInt32(clamping: status), contentType).map(HTTPStream.init)
+    }
+
+    deinit {
+        if let r = take() {
+            fd_request_answer(r, 500, "application/json", nil, 0, nil, nil)
+            fd_request_release(r)
+        }
+    }
+}
+
+/// A response written piece by piece (server-sent events). Writes never
+/// block: they queue at most `limit` bytes for a client, and a client that
+/// reads slower than that is cut off.
+public final class HTTPStream: Sendable {
+    private let stream: Mutex<Int>
+    public static let limit = 1 << 20
+
+    init(_ stream: OpaquePointer) { self.stream = Mutex(Int(bitPattern: UnsafeRawPointer(stream))) }
+
+    /// False once the client is gone (or cut off, or the stream ended): stop writing.
+    @discardableResult
+    public func write(_ bytes: Data, end: Bool = false) -> Bool {
+        stream.withLock { s in
+            guard let pointer = OpaquePointer(bitPattern: s) else { return false }
+            let ok = bytes.withUnsafeBytes { b in
+                fd_stream_write(pointer, b.baseAddress ?? UnsafeRawPointer(bitPattern: 1), b.count, end ? 1 : 0, Self.limit) == 1
+            }
+            if !ok || end {
+                fd_stream_release(pointer)
+                s = 0
+            }
+            return ok
+        }
+    }
+
+    deinit {
+        stream.withLock { s in
+            if let pointer = OpaquePointer(bitPattern: s) {
+                _ = fd_stream_write(pointer, nil, 0, 1, Self.limit)
+                fd_stream_release(pointer)
+            }
+            s = 0
+        }
+    }
+}
+
+/// An HTTP/1.1 server on libmicrohttpd for the gateway: requests are
+/// answered asynchronously (the connection waits suspended, holding no
+/// thread), responses may stream, bodies over `maxBody` get 413 before they
+/// are read, idle connections close after `idleTimeoutSeconds`, and one still
+/// sending its request `requestTimeoutSeconds` after it opened (or after its
+/// last response) is cut off.
+public final class AsyncHTTPServer: Sendable {
+    public typealias Handler = @Sendable (AsyncHTTPRequest, HTTPResponder) -> Void
+
+    private final class Box: Sendable {
+        let handler: Handler
+        let headers: [String]
+        let query: [String]
+        init(_ handler: @escaping Handler, headers: [String], query: [String]) {
+            self.handler = handler
+            self.headers = headers
+            self.query = query
+        }
+    }
+
+    private let server: Mutex<Int>
+    private let box: Unmanaged<Box>
+    public let port: Int
+
+    /// `headers` and `query`: the names the handler reads.
+    public init(
+        host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
+        headers: [String], query: [String], handler: @escaping Handler
+    ) throws {
+        guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
+        let box = Unmanaged.passRetained(Box(handler, headers: headers, query: query))
+        var error = [CChar](repeating: 0, count: 256)
+        let started = fd_http_start_async(
+            host, port16, idleTimeoutSeconds, requestTimeoutSeconds, HTTPServer.maxConnections, max(0, maxBody),
+            { context, request in
+                guard let context, let request else { return }
+                let box = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue()
+                var headers: [String: String] = [:]
+                for name in box.headers {
+                    if let v = fd_request_header(request, name) { headers[name.lowercased()] = String(cString: v) }
+                }
+                var query: [String: String] = [:]
+                for name in box.query {
+                    if let v = fd_request_query(request, name) { query[name] = String(cString: v) }
+                }
+                var length = 0
+                let bytes = fd_request_body(request, &length)
+                let body = bytes.map { Data(bytes: $0, count: length) } ?? Data()
+                let parsed = AsyncHTTPRequest(
+                    method: String(cString: fd_request_method(request)), path: String(cString: fd_request_path(request)),
+                    headers: headers, query: query, body: body)
+                box.handler(parsed, HTTPResponder(request))
+            },
+            box.toOpaque(), &error, error.count)
+        guard let started else {
+            box.release()
+            throw HTTPServerError(String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+        }
+        self.box = box
+        self.server = Mutex(Int(bitPattern: UnsafeRawPointer(started)))
+        self.port = Int(fd_http_port(started))
+    }
+
+    /// Stops serving: open connections are closed, no handler runs once it returns.
+    public func stop() {
+        server.withLock { s in
+            guard let pointer = OpaquePointer(bitPattern: s) else { return }
+            s = 0
+            fd_http_stop(pointer)
+            box.release()
+        }
+    }
+
+    deinit { stop() }
+}
