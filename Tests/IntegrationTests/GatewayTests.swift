@@ -1,0 +1,253 @@
+import AMQP
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Testing
+
+/// frontdesk-gateway as a process, against the real broker, the router and
+/// the sender: the contract's Gateway section.
+@Suite(.serialized) struct GatewayTests {
+    static let seed = "Reply to Lisa about the AGM agenda — short, confirm 14:00"
+
+    @Test func theSeedRequestStreamsFromRoutingToReplied() async throws {
+        try await withHarness("gw-seed") { h in
+            try await h.startRouter()
+            let sender = try await h.startSender()
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .slowStream)
+            defer { Task { await agent.stop() } }
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+            let gw = try await h.startGateway()
+
+            let posted = try await gw.call("POST", "/v1/dispatches", body: #"{"input":"\#(Self.seed)","threadId":"t-9"}"#)
+            #expect(posted.status == 202)
+            let id = try #require(posted.body["id"] as? String)
+            #expect(posted.body["events"] as? String == "/v1/dispatches/\(id)/events")
+
+            let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/\(id)/events", token: TestGateway.tokens["alice"])
+            let events = try await sse.waitFor("replied") { $0.contains { $0.event == "replied" } }
+            #expect(sse.status == 200)
+            let seqs = events.compactMap { Int($0.id ?? "") }
+            #expect(seqs == Array(1...seqs.count), "every event once, in order: \(seqs)")
+            #expect(events.first?.event == "drafted")
+            #expect(events.map(\.event).contains("routing"))
+            #expect(events.last?.event == "replied")
+            for e in events {
+                #expect(e.json["input"] as? String == Self.seed)
+                #expect(e.json["event"] == nil && e.json["state"] as? String == e.event)
+            }
+            // Preview lines grew while it was sending.
+            let previews = events.filter { $0.event == "sending" }.compactMap { $0.json["preview"] as? [String] }
+            #expect(Set(previews.map(\.count)).count > 1, "the preview grew: \(previews)")
+            // The stream ends after the terminal event.
+            try await waitUntil("the stream to end", within: .seconds(5)) { sse.isClosed }
+
+            let latest = try await gw.call("GET", "/v1/dispatches/\(id)")
+            #expect(latest.status == 200)
+            #expect(latest.body["state"] as? String == "replied")
+            #expect(latest.body["seq"] as? Int == seqs.last)
+            #expect(latest.body["user"] as? String == "alice")
+
+            // Resuming after the next-to-last event gives the last one only.
+            let resumed = try SSEClient(
+                port: gw.port, path: "/v1/dispatches/\(id)/events", token: TestGateway.tokens["alice"], lastEventID: "\(seqs.count - 1)")
+            try await waitUntil("the resumed stream to end", within: .seconds(5)) { resumed.isClosed }
+            #expect(resumed.events.compactMap(\.id) == ["\(seqs.count)"])
+
+            // The same id again answers the same dispatch, and changes nothing.
+            let again = try await gw.call("POST", "/v1/dispatches", body: #"{"id":"\#(id)","input":"something else"}"#)
+            #expect(again.status == 202)
+            #expect(again.body["id"] as? String == id)
+            #expect(try await gw.call("GET", "/v1/dispatches/\(id)").body["seq"] as? Int == seqs.last)
+
+            // A replica started later knows the whole history: it reads the status log.
+            let second = try await h.startGateway()
+            let replay = try SSEClient(port: second.port, path: "/v1/dispatches/\(id)/events", token: TestGateway.tokens["alice"])
+            try await waitUntil("the replayed stream to end", within: .seconds(5)) { replay.isClosed }
+            #expect(replay.events.compactMap { Int($0.id ?? "") } == seqs)
+        }
+    }
+
+    @Test func aUserSeesAndActsOnTheirOwnDispatchesOnly() async throws {
+        try await withHarness("gw-users") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            let gw = try await h.startGateway()
+            // Queued: acme/legal has no agent.
+            let posted = try await gw.call("POST", "/v1/dispatches", body: #"{"id":"mine-1","input":"the contract","project":"acme","target":"legal"}"#)
+            #expect(posted.status == 202)
+            _ = try await h.events(until: "mine-1", reaches: "queued")
+
+            #expect(try await gw.call("GET", "/v1/dispatches/mine-1", user: "bob").status == 404)
+            #expect(try await gw.call("GET", "/v1/dispatches/mine-1/events", user: "bob").status == 404)
+            #expect(try await gw.call("POST", "/v1/dispatches/mine-1/cancel", user: "bob", body: "{}").status == 404)
+            #expect(try await gw.call("POST", "/v1/dispatches/mine-1/reroute", user: "bob", body: #"{"project":"yemaya","target":"board-prep"}"#).status == 404)
+            #expect(try await gw.call("PUT", "/v1/dispatches/mine-1/activity", user: "bob", body: #"{"pushToken":"abcd"}"#).status == 404)
+            let taken = try await gw.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"mine-1","input":"steal it"}"#)
+            #expect(taken.status == 409)
+            #expect(taken.body["error"] != nil)
+
+            for user in [nil, "not-a-token"] {
+                let answer = try await gw.call("GET", "/v1/dispatches/mine-1", user: user)
+                #expect(answer.status == 401)
+                #expect((answer.body["error"] as? [String: Any])?["code"] as? String == "unauthorized")
+            }
+            #expect(try await gw.call("GET", "/v1/targets", user: nil).status == 401)
+            // The user of a request is the token's, whatever the body says.
+            let spoof = try await gw.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"bob-1","input":"x","user":"alice"}"#)
+            #expect(spoof.status == 202)
+            #expect(try await gw.call("GET", "/v1/dispatches/bob-1", user: "alice").status == 404)
+            #expect(try await gw.call("GET", "/v1/dispatches/bob-1", user: "bob").body["user"] as? String == "bob")
+
+            // Nothing bob did reached alice's dispatch.
+            let latest = try await gw.call("GET", "/v1/dispatches/mine-1")
+            #expect(latest.body["state"] as? String == "queued")
+            #expect((latest.body["target"] as? [String: Any])?["id"] as? String == "legal")
+        }
+    }
+
+    @Test func cancelAndRerouteThroughTheGatewayActWithinASecond() async throws {
+        try await withHarness("gw-cancel") { h in
+            try await h.startRouter()
+            let sender = try await h.startSender()
+            let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
+            defer { Task { await silent.stop() } }
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+            let gw = try await h.startGateway()
+
+            // A slow one, with an agent that never answers: cancelled.
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"slow-1","input":"\#(Self.seed)"}"#).status == 202)
+            let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/slow-1/events", token: TestGateway.tokens["alice"])
+            try await sse.waitFor("sending") { $0.contains { $0.event == "sending" } }
+            let asked = ContinuousClock.now
+            let cancel = try await gw.call("POST", "/v1/dispatches/slow-1/cancel", body: #"{"reason":"changed my mind"}"#)
+            #expect(cancel.status == 202)
+            let events = try await sse.waitFor("cancelled", within: .seconds(5)) { $0.contains { $0.event == "cancelled" } }
+            let took = ContinuousClock.now - asked
+            #expect(took < .seconds(1), "cancelled after \(took)")
+            #expect((events.last?.json["cancel"] as? [String: Any])?["reason"] as? String == "changed my mind")
+            try await waitUntil("the stream to end", within: .seconds(5)) { sse.isClosed }
+
+            // Queued for an offline target: rerouted, with a new queued event showing the new route.
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"q-1","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+            let q = try SSEClient(port: gw.port, path: "/v1/dispatches/q-1/events", token: TestGateway.tokens["alice"])
+            try await q.waitFor("queued") { $0.contains { $0.event == "queued" } }
+            let unknown = try await gw.call("POST", "/v1/dispatches/q-1/reroute", body: #"{"project":"acme","target":"nowhere"}"#)
+            #expect(unknown.status == 422)
+            #expect((unknown.body["error"] as? [String: Any])?["code"] as? String == "unknown_target")
+            let rerouted = ContinuousClock.now
+            #expect(try await gw.call("POST", "/v1/dispatches/q-1/reroute", body: #"{"project":"yemaya","target":"board-prep"}"#).status == 202)
+            try await q.waitFor("a queued or sending event for board-prep", within: .seconds(5)) { events in
+                events.contains { ($0.json["target"] as? [String: Any])?["id"] as? String == "board-prep" }
+            }
+            #expect(ContinuousClock.now - rerouted < .seconds(1))
+        }
+    }
+
+    @Test func badRequestsGetAnErrorWithACode() async throws {
+        try await withHarness("gw-bad") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            let gw = try await h.startGateway()
+            func code(_ r: (status: Int, body: [String: Any], data: Data)) -> String? {
+                (r.body["error"] as? [String: Any])?["code"] as? String
+            }
+            let big = #"{"input":""# + String(repeating: "a", count: 70_000) + #""}"#
+            let tooLarge = try await gw.call("POST", "/v1/dispatches", body: big)
+            #expect(tooLarge.status == 413 && code(tooLarge) == "too_large")
+            let notJSON = try await gw.call("POST", "/v1/dispatches", body: "{nope")
+            #expect(notJSON.status == 400 && code(notJSON) == "invalid_json")
+            let noInput = try await gw.call("POST", "/v1/dispatches", body: #"{"id":"x-1"}"#)
+            #expect(noInput.status == 400 && code(noInput) == "invalid_request")
+            let badID = try await gw.call("POST", "/v1/dispatches", body: #"{"id":"a/b","input":"x"}"#)
+            #expect(badID.status == 400)
+            let wrongMethod = try await gw.call("DELETE", "/v1/dispatches")
+            #expect(wrongMethod.status == 405 && code(wrongMethod) == "method_not_allowed")
+            #expect(try await gw.call("GET", "/v1/nothing").status == 404)
+            #expect(try await gw.call("GET", "/v1/dispatches/never-seen").status == 404)
+            let route = try await gw.call("GET", "/v1/route?input=")
+            #expect(route.status == 400)
+            // Nothing of it reached the broker as a dispatch.
+            #expect(try await h.messages("frontdesk.dead") == 0)
+        }
+    }
+
+    @Test func targetsRouteAndActivity() async throws {
+        try await withHarness("gw-targets") { h in
+            try await h.startRouter()
+            let sender = try await h.startSender()
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .reply)
+            defer { Task { await agent.stop() } }
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+            // Registrations go to whoever binds dispatch.activity (the pusher); here, a test queue.
+            try await h.channel.queueDeclare("frontdesk.test.activity", arguments: ["x-queue-type": "quorum"])
+            try await h.channel.queueBind("frontdesk.test.activity", exchange: "frontdesk.commands", routingKey: "dispatch.activity")
+            let gw = try await h.startGateway()
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"park-1","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+            _ = try await h.events(until: "park-1", reaches: "queued")
+
+            var projects: [[String: Any]] = []
+            try await waitUntil("presence: board-prep online, legal with one parked", within: .seconds(10)) {
+                projects = (try? await gw.call("GET", "/v1/targets").body["projects"] as? [[String: Any]]) ?? []
+                let targets = projects.flatMap { ($0["targets"] as? [[String: Any]]) ?? [] }
+                let board = targets.first { $0["id"] as? String == "board-prep" }
+                let legal = targets.first { $0["id"] as? String == "legal" }
+                return board?["online"] as? Bool == true && legal?["online"] as? Bool == false && legal?["parked"] as? Int == 1
+            }
+            #expect(projects.first?["accent"] as? String == "#6E56CF")
+            #expect(projects.first?["glyph"] as? String == "YE")
+
+            let guess = try await gw.call("GET", "/v1/route?input=" + "the AGM agenda for Lisa".addingPercentEncoding(withAllowedCharacters: .urlQueryAllowed)!)
+            #expect(guess.status == 200)
+            #expect((guess.body["target"] as? [String: Any])?["id"] as? String == "board-prep")
+            #expect(((guess.body["route"] as? [String: Any])?["reason"] as? String)?.isEmpty == false)
+
+            let registered = try await gw.call("PUT", "/v1/dispatches/park-1/activity", body: #"{"pushToken":"00FFab12","environment":"sandbox"}"#)
+            #expect(registered.status == 204)
+            let bad = try await gw.call("PUT", "/v1/dispatches/park-1/activity", body: #"{"pushToken":"not hex"}"#)
+            #expect(bad.status == 400)
+            let messages = try await h.drain("frontdesk.test.activity", count: 1)
+            let body = try #require(try JSONSerialization.jsonObject(with: messages[0].body) as? [String: Any])
+            #expect(body["id"] as? String == "park-1")
+            #expect(body["pushToken"] as? String == "00ffab12")
+            #expect(body["environment"] as? String == "sandbox")
+            // The router left it alone: no dead letter.
+            try await Task.sleep(for: .milliseconds(300))  // an idle period: what a dead letter would need to appear
+            #expect(try await h.messages("frontdesk.dead") == 0)
+        }
+    }
+
+    @Test func clientsThatHoldConnectionsOrReadNothingDelayNoOne() async throws {
+        try await withHarness("gw-slow") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            let gw = try await h.startGateway()
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"q-2","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+            var idle: [Int32] = []
+            defer { for fd in idle { close(fd) } }
+            for i in 0..<220 {
+                let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+                var address = sockaddr_in()
+                address.sin_family = sa_family_t(AF_INET)
+                address.sin_port = in_port_t(UInt16(gw.port).bigEndian)
+                address.sin_addr.s_addr = inet_addr("127.0.0.1")
+                _ = withUnsafePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                }
+                // Every tenth starts a request and never finishes it.
+                if i % 10 == 0 { _ = "POST /v1/dispatches HTTP/1.1\r\nContent-Length: 100\r\n\r\n{".withCString { send(fd, $0, strlen($0), 0) } }
+                idle.append(fd)
+            }
+            // Streams whose clients never read.
+            var streams: [SSEClient] = []
+            for _ in 0..<20 { streams.append(try SSEClient(port: gw.port, path: "/v1/dispatches/q-2/events", token: TestGateway.tokens["alice"])) }
+            for _ in 0..<5 {
+                let start = ContinuousClock.now
+                let answer = try await gw.call("GET", "/v1/dispatches/q-2")
+                #expect(answer.status == 200)
+                #expect(ContinuousClock.now - start < .seconds(1))
+            }
+            #expect(streams.count == 20)
+        }
+    }
+}
