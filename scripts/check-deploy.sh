@@ -16,7 +16,7 @@ BIN="${FRONTDESK_BIN:-.build/debug}"
 WORK="$(mktemp -d)"
 PIDS=()
 VHOST=frontdesk
-ROLES=(admin router sender producer agent surface)
+ROLES=(admin router sender producer agent surface gateway)
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
@@ -88,6 +88,26 @@ else
     check "frontdesk watch as surface sees it replied" seen "not seen: $(tail -c 300 "$WORK/watch.log")"
 fi
 
+# The gateway as its own user: a dispatch over HTTP ends replied, and it sees the agent online.
+TOKEN="$(openssl rand -hex 16)"
+printf '{"%s":"u-deploy"}' "$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)" >"$WORK/tokens.json"
+AMQP_URL="$(url gateway)" FRONTDESK_HTTP_PORT=9203 FRONTDESK_GATEWAY_PORT=9280 FRONTDESK_GATEWAY_TOKENS="$WORK/tokens.json" \
+    "$BIN/frontdesk-gateway" 2>"$WORK/gateway.log" & PIDS+=($!)
+expect_ready 9203 "gateway ready as user gateway" "$WORK/gateway.log"
+curl -fs -H "Authorization: Bearer $TOKEN" -d '{"id":"check-deploy-2","input":"Reply to Lisa about the AGM agenda"}' \
+    http://127.0.0.1:9280/v1/dispatches >/dev/null || true
+state=none
+for _ in $(seq 1 100); do
+    state="$(curl -fs -H "Authorization: Bearer $TOKEN" http://127.0.0.1:9280/v1/dispatches/check-deploy-2 \
+        | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || echo none)"
+    [ "$state" = replied ] && break
+    sleep 0.1
+done
+check "a dispatch through the gateway ends replied" replied "$state"
+online="$(curl -fs -H "Authorization: Bearer $TOKEN" http://127.0.0.1:9280/v1/targets | python3 -c \
+    'import json, sys; print(" ".join(t["id"] for p in json.load(sys.stdin)["projects"] for t in p["targets"] if t["online"]))' 2>/dev/null || true)"
+check "the gateway sees board-prep online (presence)" board-prep "${online:-none}"
+
 leaked=none
 for secret in "${PASSWORD[router]}" "$(encode "${PASSWORD[router]}")"; do
     grep -qF -- "$secret" "$WORK/router.log" && leaked="in its log"
@@ -126,6 +146,10 @@ check "router publishes to frontdesk.commands" refused "$(probe router publish f
 check "sender consumes frontdesk.router.intake" refused "$(probe sender consume frontdesk.router.intake)"
 check "sender publishes to frontdesk.commands" refused "$(probe sender publish frontdesk.commands dispatch.request)"
 check "sender declares frontdesk.router.sneaky" refused "$(probe sender declare frontdesk.router.sneaky)"
+check "gateway consumes frontdesk.router.intake" refused "$(probe gateway consume frontdesk.router.intake)"
+check "gateway consumes frontdesk.agent.yemaya.board-prep" refused "$(probe gateway consume frontdesk.agent.yemaya.board-prep)"
+check "gateway publishes to frontdesk.status" refused "$(probe gateway publish frontdesk.status status.x.y.replied)"
+check "gateway declares frontdesk.sneaky" refused "$(probe gateway declare frontdesk.sneaky)"
 for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
 wait 2>/dev/null || true
 PIDS=()

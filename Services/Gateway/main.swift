@@ -51,8 +51,10 @@ func loadPage() -> [String: Data] {
     return files
 }
 
+// Only what the gateway uses: it publishes commands and reads the status log.
 let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
-    try await SharedTopology.declare(on: channel)
+    try await channel.exchangeDeclare(SharedTopology.commandsExchange, type: "topic")
+    try await channel.exchangeDeclare(SharedTopology.statusExchange, type: "topic")
     try await SharedTopology.declareStatusLog(on: channel)
 }
 let page = loadPage()
