@@ -89,6 +89,80 @@ extension BrokerIntegration {
             }
         }
 
+        @Test func operatorsInspectDispatchesTargetsAndDeadLetters() async throws {
+            try await withHarness("cli-operator") { h in
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                _ = try agent(h, "yemaya/board-prep")
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+                let (replied, _) = try await frontdesk(h, ["dispatch", "Reply to Lisa about the AGM agenda", "--json", "--id", "op-1"])
+                #expect(replied == 0)
+                let (detached, detachOut) = try await frontdesk(h, ["dispatch", "the contract", "--project", "acme", "--target", "legal", "--id", "op-2", "--detach", "--json"])
+                #expect(detached == 0)
+                #expect(detachOut.contains(#""id":"op-2""#))
+                _ = try await h.events(until: "op-2", reaches: "queued")
+
+                let (shown, show) = try await frontdesk(h, ["show", "op-1", "--json"])
+                #expect(shown == 0)
+                let showJSON = try JSONSerialization.jsonObject(with: Data(show.utf8)) as? [String: Any]
+                #expect((showJSON?["latest"] as? [String: Any])?["state"] as? String == "replied")
+                let seqs = (showJSON?["events"] as? [[String: Any]])?.compactMap { $0["seq"] as? Int } ?? []
+                #expect(seqs == Array(1...max(1, seqs.count)) && seqs.count >= 4)
+                #expect(try await frontdesk(h, ["show", "never-was"]).0 == 1)
+
+                let (_, queued) = try await frontdesk(h, ["list", "--state", "queued", "--json"])
+                let queuedIDs = ((try? JSONSerialization.jsonObject(with: Data(queued.utf8))) as? [[String: Any]])?.compactMap { $0["dispatchId"] as? String }
+                #expect(queuedIDs == ["op-2"])
+                let (_, board) = try await frontdesk(h, ["list", "--target", "yemaya/board-prep"])
+                #expect(board.contains("op-1") && !board.contains("op-2"))
+
+                let (_, targets) = try await frontdesk(h, ["targets", "--routes", h.tableFile, "--json"])
+                let rows = (try? JSONSerialization.jsonObject(with: Data(targets.utf8))) as? [[String: Any]] ?? []
+                #expect(rows.first { $0["target"] as? String == "board-prep" }?["online"] as? Bool == true)
+                #expect(rows.first { $0["target"] as? String == "legal" }?["parked"] as? Int == 1)
+
+                // A dead letter: listed in place, then replayed (dead again here: the body is still no JSON).
+                try await h.channel.publish(
+                    exchange: "frontdesk.commands", routingKey: "dispatch.request", body: Data("{nope".utf8),
+                    properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, messageID: "dl-1"))
+                try await h.waitUntil("the dead letter") { try await h.messages("frontdesk.dead") == 1 }
+                let (_, listed) = try await frontdesk(h, ["dead", "list", "--json"])
+                let letters = (try? JSONSerialization.jsonObject(with: Data(listed.utf8))) as? [[String: Any]] ?? []
+                #expect(letters.count == 1 && letters.first?["messageId"] as? String == "dl-1" && letters.first?["code"] as? String == "invalid_json")
+                try await h.waitUntil("the listed letter back in its queue") { try await h.messages("frontdesk.dead") == 1 }
+                let (replayed, _) = try await frontdesk(h, ["dead", "replay", "dl-1"])
+                #expect(replayed == 0)
+                try await h.waitUntil("the replayed letter dead again") { try await h.messages("frontdesk.dead") == 1 }
+                let (_, again) = try await frontdesk(h, ["dead", "list", "--json"])
+                let second = (try? JSONSerialization.jsonObject(with: Data(again.utf8))) as? [[String: Any]] ?? []
+                #expect(second.first?["replayedBy"] as? String == "guest")
+                #expect(try await frontdesk(h, ["dead", "replay", "no-such-letter"]).0 == 1)
+            }
+        }
+
+        @Test func everyCommandExplainsItselfAndRefusesUnknownOptions() async throws {
+            try await withHarness("cli-usage") { h in
+                try await h.startRouter()
+                // Whatever reaches frontdesk.commands lands here too.
+                try await h.channel.queueDeclare("frontdesk.test.commands", arguments: ["x-queue-type": "quorum"])
+                try await h.channel.queueBind("frontdesk.test.commands", exchange: "frontdesk.commands", routingKey: "#")
+                for command in ["dispatch", "show", "list", "targets", "cancel", "reroute", "watch", "dead", "route", "routes", "agent"] {
+                    let (status, out) = try await frontdesk(h, [command, "-h"])
+                    #expect(status == 0 && out.hasPrefix("usage: frontdesk \(command)"), "\(command) -h")
+                }
+                // -h anywhere is help: nothing is published.
+                let (help, out) = try await frontdesk(h, ["cancel", "some-id", "-h"])
+                #expect(help == 0 && out.contains("usage: frontdesk cancel"))
+                #expect(try await frontdesk(h, ["cancel", "-x"]).0 == 2)
+                #expect(try await frontdesk(h, ["cancel", "has space"]).0 == 2)
+                #expect(try await frontdesk(h, ["list", "--state", "lost"]).0 == 2)
+                #expect(try await frontdesk(h, ["--version"]).1.hasPrefix("frontdesk 1.1"))
+                let (_, route) = try await frontdesk(h, ["route", "the AGM agenda for Lisa", "--json"])
+                #expect((try? JSONSerialization.jsonObject(with: Data(route.utf8)) as? [String: Any])?["route"] as? String == "yemaya/board-prep")
+                #expect(try await h.messages("frontdesk.test.commands") == 0, "nothing was published")
+            }
+        }
+
         @Test func aFailingAgentEndsTheDispatchWithExitOne() async throws {
             try await withHarness("cli-fail") { h in
                 try await h.startRouter()

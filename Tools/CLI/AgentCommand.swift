@@ -45,6 +45,10 @@ func agentCommand(_ args: Arguments) async throws -> Int32 {
             try await reply(["kind": "final", "text": lines.joined(separator: "\n")])
         }
         try delivery.ack()
+        let outcome = fail || failRetryable > 0 ? "error" : "final"
+        emit(args.switches.contains("json")
+            ? jsonText(["dispatchId": task.dispatchId, "attempt": task.attempt, "answered": outcome])
+            : "answered \(task.dispatchId) attempt \(task.attempt): \(outcome)")
     }
     return 0
 }

@@ -4,12 +4,24 @@ struct Arguments {
     var positionals: [String] = []
     var options: [String: String] = [:]
     var switches: Set<String> = []
+    /// `-h` or `--help` appeared anywhere before `--`.
+    var wantsHelp = false
 
+    /// Anything that starts with `-` before a lone `--` is an option: an
+    /// unknown one is a usage error, never taken as a value (`cancel -h` asks
+    /// for help, it does not cancel a dispatch called "-h").
     init(_ args: [String], valued: Set<String>, switches known: Set<String>) throws(CLIUsageError) {
         var i = 0
+        var optionsEnded = false
         while i < args.count {
             let a = args[i]
-            if a.hasPrefix("--") {
+            if optionsEnded || !a.hasPrefix("-") || a == "-" {
+                positionals.append(a)
+            } else if a == "--" {
+                optionsEnded = true
+            } else if a == "-h" || a == "--help" {
+                wantsHelp = true
+            } else if a.hasPrefix("--") {
                 var name = String(a.dropFirst(2))
                 var value: String? = nil
                 if let eq = name.firstIndex(of: "=") {
@@ -17,6 +29,7 @@ struct Arguments {
                     name = String(name[..<eq])
                 }
                 if known.contains(name) {
+                    guard value == nil else { throw CLIUsageError("--\(name) takes no value") }
                     switches.insert(name)
                 } else if valued.contains(name) {
                     if value == nil {
@@ -29,7 +42,7 @@ struct Arguments {
                     throw CLIUsageError("unknown option --\(name)")
                 }
             } else {
-                positionals.append(a)
+                throw CLIUsageError("unknown option \(a) (options are spelt --name; -h is help)")
             }
             i += 1
         }
