@@ -98,8 +98,11 @@ final class GatewayService: Service {
     /// Keep-alive comments on every stream, and pruning of old dispatches.
     private func housekeep() async {
         var ticks = 0
+        var last = ContinuousClock.now
         while !stopped.load(ordering: .acquiring) {
-            try? await Task.sleep(for: settings.keepAliveInterval)
+            try? await Task.sleep(for: .milliseconds(500))  // short steps: shutdown is not held up
+            guard ContinuousClock.now - last >= settings.keepAliveInterval else { continue }
+            last = .now
             state.keepAlive()
             ticks += 1
             if ticks % 4 == 0 {
@@ -119,7 +122,8 @@ final class GatewayService: Service {
         } catch let error as GatewayError {
             responder.answer(
                 status: error.status, contentType: "application/json", body: error.body,
-                header: error.status == 401 ? ("WWW-Authenticate", "Bearer") : nil)
+                header: error.status == 401 ? ("WWW-Authenticate", "Bearer")
+                    : error.status == 503 || error.status == 429 ? ("Retry-After", "1") : nil)
             status = error.status
         } catch {
             let e = GatewayError(500, "internal", "the request could not be completed")
@@ -175,6 +179,10 @@ final class GatewayService: Service {
         default: break
         }
         let user = try user(request)
+        guard caughtUp.load(ordering: .acquiring) else {
+            // Until the log is read up to now, "unknown" could be wrong: not an answer to give.
+            throw GatewayError(503, "starting", "the gateway is still reading the status log; try again shortly")
+        }
         switch endpoint {
         case .createDispatch:
             let (id, body) = try GatewayBodies.dispatchRequest(request.body, user: user, makeID: { UUID().uuidString.lowercased() }).get()
@@ -197,6 +205,9 @@ final class GatewayService: Service {
             return json(responder, 200, latest.body)
         case .events(let id):
             try await owned(id, by: user)
+            guard state.mayOpenStream(user) else {
+                throw GatewayError(429, "too_many_streams", "at most \(GatewayState.maxStreamsPerUser) open event streams per user")
+            }
             let after = ServerSentEvents.lastSeq(request.headers["last-event-id"])
             guard let stream = responder.stream(status: 200, contentType: "text/event-stream; charset=utf-8") else { return 499 }
             state.subscribe(id, user: user, after: after, stream: stream)
@@ -259,6 +270,8 @@ actor Presence {
     private let table: RoutingTable
     private var cached: [RoutingTable.Route: Count] = [:]
     private var readAt = ContinuousClock.now - .seconds(10)
+    /// The read in progress: callers during it share it (one set of declares, not one per request).
+    private var reading: Task<[RoutingTable.Route: Count], Never>?
 
     init(client: AMQPClient, table: RoutingTable) {
         self.client = client
@@ -267,6 +280,17 @@ actor Presence {
 
     func current() async -> [RoutingTable.Route: Count] {
         guard ContinuousClock.now - readAt > .seconds(1) else { return cached }
+        if let reading { return await reading.value }
+        let task = Task { await self.read() }
+        reading = task
+        let fresh = await task.value
+        cached = fresh
+        readAt = .now
+        reading = nil
+        return fresh
+    }
+
+    private func read() async -> [RoutingTable.Route: Count] {
         var fresh: [RoutingTable.Route: Count] = [:]
         for route in table.routes {
             var count = Count(online: false, parked: 0)
@@ -278,8 +302,6 @@ actor Presence {
             }
             fresh[route] = count
         }
-        cached = fresh
-        readAt = .now
         return fresh
     }
 }

@@ -7,20 +7,26 @@ import Synchronization
 /// requests waiting for a dispatch's first event. One lock; nothing under it
 /// blocks (a stream write only queues bytes).
 final class GatewayState: Sendable {
-    private struct Subscriber {
+    fileprivate struct Subscriber {
         let stream: HTTPStream
+        let user: String
         var lastSeq: Int
+        /// What the replay queued: a live write may queue that much more
+        /// than `HTTPStream.limit` before the client counts as not reading.
+        var replayBytes: Int
+        var liveLimit: Int { HTTPStream.limit + replayBytes }
     }
 
-    private struct Waiter {
+    fileprivate struct Waiter {
         let token: UInt64
         let continuation: CheckedContinuation<Bool, Never>
     }
 
-    private struct State {
+    fileprivate struct State {
         var book = EventBook()
         var subscribers: [String: [Subscriber]] = [:]
         var streams = 0
+        var streamsByUser: [String: Int] = [:]
         var waiters: [String: [Waiter]] = [:]
         var nextToken: UInt64 = 0
     }
@@ -40,11 +46,15 @@ final class GatewayState: Sendable {
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: body)
                 subscribers = subscribers.compactMap { sub in
                     guard e.seq > sub.lastSeq else { return sub }
-                    let open = sub.stream.write(frame, end: e.state.isTerminal)
-                    guard open, !e.state.isTerminal else { return nil }
-                    return Subscriber(stream: sub.stream, lastSeq: e.seq)
+                    let open = sub.stream.write(frame, end: e.state.isTerminal, limit: sub.liveLimit)
+                    guard open, !e.state.isTerminal else {
+                        s.closed(sub)
+                        return nil
+                    }
+                    var next = sub
+                    next.lastSeq = e.seq
+                    return next
                 }
-                s.streams -= (s.subscribers[e.id]?.count ?? 0) - subscribers.count
                 s.subscribers[e.id] = subscribers.isEmpty ? nil : subscribers
             }
             metrics.dispatches.set(Double(s.book.count))
@@ -94,9 +104,18 @@ final class GatewayState: Sendable {
         }
     }
 
+    /// Open event streams one user may hold: more answer 429, so one
+    /// user's clients cannot take every connection of the gateway.
+    static let maxStreamsPerUser = 64
+
+    func mayOpenStream(_ user: String) -> Bool {
+        state.withLock { ($0.streamsByUser[user] ?? 0) < Self.maxStreamsPerUser }
+    }
+
     /// Opens an event stream for `user`'s dispatch: the events after
     /// `lastSeq` now, the later ones as they come; ended after the terminal
-    /// event. False when the dispatch is not the user's.
+    /// event. The replay may queue all of the history (it is bounded by the
+    /// event book); a live event, at most `HTTPStream.limit` more.
     func subscribe(_ id: String, user: String, after lastSeq: Int, stream: HTTPStream) {
         state.withLock { s in
             guard s.book.isOwned(id, by: user) else {
@@ -104,10 +123,12 @@ final class GatewayState: Sendable {
                 return
             }
             var sent = lastSeq
+            var replayed = ServerSentEvents.retry.count
             guard stream.write(ServerSentEvents.retry) else { return }
             for e in s.book.events(id, after: lastSeq) {
-                guard stream.write(ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: e.body), end: e.state.isTerminal)
-                else { return }
+                let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: e.body)
+                guard stream.write(frame, end: e.state.isTerminal, limit: Int.max / 2) else { return }
+                replayed += frame.count
                 sent = e.seq
                 if e.state.isTerminal { return }
             }
@@ -115,8 +136,9 @@ final class GatewayState: Sendable {
                 stream.write(Data(), end: true)
                 return
             }
-            s.subscribers[id, default: []].append(Subscriber(stream: stream, lastSeq: sent))
+            s.subscribers[id, default: []].append(Subscriber(stream: stream, user: user, lastSeq: sent, replayBytes: replayed))
             s.streams += 1
+            s.streamsByUser[user, default: 0] += 1
             metrics.streams.set(Double(s.streams))
         }
     }
@@ -125,8 +147,10 @@ final class GatewayState: Sendable {
     func keepAlive() {
         state.withLock { s in
             for (id, subscribers) in s.subscribers {
-                let open = subscribers.filter { $0.stream.write(ServerSentEvents.keepAlive) }
-                s.streams -= subscribers.count - open.count
+                var open: [Subscriber] = []
+                for sub in subscribers {
+                    if sub.stream.write(ServerSentEvents.keepAlive, limit: sub.liveLimit) { open.append(sub) } else { s.closed(sub) }
+                }
                 s.subscribers[id] = open.isEmpty ? nil : open
             }
             metrics.streams.set(Double(s.streams))
@@ -148,7 +172,17 @@ final class GatewayState: Sendable {
             }
             s.subscribers = [:]
             s.streams = 0
+            s.streamsByUser = [:]
         }
+    }
+}
+
+extension GatewayState.State {
+    /// Counts a stream as gone.
+    fileprivate mutating func closed(_ sub: GatewayState.Subscriber) {
+        streams -= 1
+        let left = (streamsByUser[sub.user] ?? 1) - 1
+        streamsByUser[sub.user] = left > 0 ? left : nil
     }
 }
 

@@ -275,7 +275,8 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         request->refs = 1;
         server_ref(server);
         *con_cls = request;
-        if (request->method == NULL || request->path == NULL) return MHD_NO;
+        // An untracked connection (out of memory when it opened) could never be resumed: refused.
+        if (request->method == NULL || request->path == NULL || request->conn == NULL) return MHD_NO;
         const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) {
             request->state = REQUEST_QUEUED;
@@ -326,6 +327,10 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         return queued;
     }
     if (request->state == REQUEST_WAITING) {
+        if (server->stopping) {  // fd_http_stop has resumed what was suspended: suspend nothing more
+            pthread_mutex_unlock(&server->lock);
+            return MHD_NO;
+        }
         suspend(request->conn, connection);
         pthread_mutex_unlock(&server->lock);
         return MHD_YES;
@@ -485,7 +490,9 @@ int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end
         size_t capacity = stream->capacity ? stream->capacity : 1024;
         while (capacity < stream->length + length) capacity *= 2;
         char *grown = realloc(stream->buffer, capacity);
-        if (grown == NULL) {
+        if (grown == NULL) {  // end it: what is queued goes out, then the connection closes
+            stream->ended = 1;
+            resume(server, stream->conn);
             pthread_mutex_unlock(&server->lock);
             return 0;
         }

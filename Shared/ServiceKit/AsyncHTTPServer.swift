@@ -62,21 +62,21 @@ public final class HTTPResponder: Sendable {
 }
 
 /// A response written piece by piece (server-sent events). Writes never
-/// block: they queue at most `limit` bytes for a client, and a client that
-/// reads slower than that is cut off.
+/// block: they queue at most `limit` bytes for a client (given per write),
+/// and a client that reads slower than that is cut off.
 public final class HTTPStream: Sendable {
     private let stream: Mutex<Int>
-    public static let limit = 1 << 20
+    public static let limit = 4 << 20
 
     init(_ stream: OpaquePointer) { self.stream = Mutex(Int(bitPattern: UnsafeRawPointer(stream))) }
 
     /// False once the client is gone (or cut off, or the stream ended): stop writing.
     @discardableResult
-    public func write(_ bytes: Data, end: Bool = false) -> Bool {
+    public func write(_ bytes: Data, end: Bool = false, limit: Int = HTTPStream.limit) -> Bool {
         stream.withLock { s in
             guard let pointer = OpaquePointer(bitPattern: s) else { return false }
             let ok = bytes.withUnsafeBytes { b in
-                fd_stream_write(pointer, b.baseAddress ?? UnsafeRawPointer(bitPattern: 1), b.count, end ? 1 : 0, Self.limit) == 1
+                fd_stream_write(pointer, b.baseAddress ?? UnsafeRawPointer(bitPattern: 1), b.count, end ? 1 : 0, max(0, limit)) == 1
             }
             if !ok || end {
                 fd_stream_release(pointer)

@@ -217,6 +217,81 @@ import Testing
         }
     }
 
+    @Test func aLongHistoryReplaysWholeAndStreamsPerUserAreCapped() async throws {
+        try await withHarness("gw-history") { h in
+            try await h.startRouter()
+            let sender = try await h.startSender()
+            // An agent that streams a 200 KB single line eight times: a history of several MiB.
+            let agentConnection = try await AMQPConnection.connect(.init(url: h.url, connectionName: "big-agent"))
+            let tasks = try await agentConnection.openChannel()
+            try await tasks.queueDeclare("frontdesk.agent.acme.legal", arguments: ["x-queue-type": "quorum"])
+            let replies = try await agentConnection.openChannel()
+            try await replies.confirmSelect()
+            let consumer = try await tasks.consume(queue: "frontdesk.agent.acme.legal")
+            let worker = Task {
+                for try await task in consumer {
+                    let body = try JSONSerialization.jsonObject(with: task.body) as? [String: Any] ?? [:]
+                    let line = String(repeating: "x", count: 200_000)
+                    for kind in Array(repeating: "progress", count: 8) + ["final"] {
+                        let reply: [String: Any] = ["dispatchId": body["dispatchId"] ?? "", "attempt": body["attempt"] ?? 1, "kind": kind, "text": line]
+                        try await replies.publish(
+                            exchange: "", routingKey: "frontdesk.replies", body: try JSONSerialization.data(withJSONObject: reply),
+                            properties: AMQPProperties(contentType: "application/json", deliveryMode: 2))
+                    }
+                    try task.ack()
+                }
+            }
+            defer {
+                worker.cancel()
+                Task { await agentConnection.close() }
+            }
+            try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+            let gw = try await h.startGateway()
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"big-1","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+            _ = try await h.events(until: "big-1", reaches: "replied", within: .seconds(30))
+            let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/big-1/events", token: TestGateway.tokens["alice"])
+            try await waitUntil("the whole history to arrive and the stream to end", within: .seconds(20)) { sse.isClosed }
+            let events = sse.events
+            #expect(events.last?.event == "replied", "got \(events.count) events, \(sse.text.utf8.count) bytes")
+            #expect(sse.text.utf8.count > 1 << 20, "more than the 1 MiB a slow client could queue live")
+
+            // One user's streams are capped; another user is not affected.
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"cap-1","input":"the contract","project":"yemaya","target":"board-prep"}"#).status == 202)
+            var open: [SSEClient] = []
+            for _ in 0..<64 { open.append(try SSEClient(port: gw.port, path: "/v1/dispatches/cap-1/events", token: TestGateway.tokens["alice"])) }
+            try await waitUntil("64 streams open", within: .seconds(10)) { open.allSatisfy { $0.status == 200 } }
+            let refused = try await gw.call("GET", "/v1/dispatches/cap-1/events")
+            #expect(refused.status == 429)
+            #expect(try await gw.call("GET", "/v1/dispatches/cap-1").status == 200)
+        }
+    }
+
+    @Test func aGatewayStoppedUnderLoadExitsCleanly() async throws {
+        try await withHarness("gw-stop") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            let gw = try await h.startGateway()
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"s-1","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+            var streams: [SSEClient] = []
+            for _ in 0..<20 { streams.append(try SSEClient(port: gw.port, path: "/v1/dispatches/s-1/events", token: TestGateway.tokens["alice"])) }
+            // Requests for unknown ids wait (suspended) for a second: many are waiting when SIGTERM comes.
+            let load = Task {
+                await withTaskGroup(of: Void.self) { group in
+                    for i in 0..<40 {
+                        group.addTask { _ = try? await gw.call("GET", "/v1/dispatches/unknown-\(i)/events") }
+                    }
+                }
+            }
+            try await waitUntil("20 streams open", within: .seconds(10)) { streams.allSatisfy { $0.status == 200 } }
+            kill(gw.process.processIdentifier, SIGTERM)
+            try await waitUntil("the gateway to exit", within: .seconds(25)) { !gw.process.isRunning }
+            #expect(gw.process.terminationReason == .exit)
+            #expect(gw.process.terminationStatus == 0)
+            load.cancel()
+            try await waitUntil("its streams to end", within: .seconds(5)) { streams.allSatisfy(\.isClosed) }
+        }
+    }
+
     @Test func clientsThatHoldConnectionsOrReadNothingDelayNoOne() async throws {
         try await withHarness("gw-slow") { h in
             try await h.startRouter()
