@@ -15,6 +15,8 @@ final class GatewayService: Service {
         var table: RoutingTable
         var lifetimeSeconds: Int
         var login: String
+        /// This replica's queue on the status exchange (see `declareLiveQueue`).
+        var liveQueue: String
         /// How long a request for an id not seen yet waits for its first event.
         var firstEventWait: Duration = .seconds(1)
         var keepAliveInterval: Duration = .seconds(15)
@@ -48,6 +50,18 @@ final class GatewayService: Service {
 
     static let markerType = "frontdesk.gateway.marker.v1"
 
+    static let liveQueuePrefix = "frontdesk.gateway.live."
+
+    /// The live tail: an exclusive queue bound to every status event, gone
+    /// with the connection (declared again on the next). Bounded: should it
+    /// overflow, the oldest events go, and they still come from the log.
+    static func declareLiveQueue(_ name: String, on channel: AMQPChannel) async throws {
+        try await channel.queueDeclare(
+            name, durable: false, exclusive: true, autoDelete: true,
+            arguments: ["x-max-length": .int64(100_000), "x-overflow": "drop-head"])
+        try await channel.queueBind(name, exchange: SharedTopology.statusExchange, routingKey: "status.#")
+    }
+
     // MARK: Service
 
     func run() async throws {
@@ -65,9 +79,18 @@ final class GatewayService: Service {
                 try? d.ack()
             },
             ended: {})
+        // Every event comes twice, by the log and by the live queue: whichever is first counts, the book drops the other.
+        let stopLive = await client.consume(
+            ConsumerSpecification(queue: settings.liveQueue, prefetchCount: 1000, exclusive: true),
+            deliver: { d in
+                if d.properties.type == StatusEvent.type { state.take(d.body, now: Date()) }
+                try? d.ack()
+            },
+            ended: {})
         async let markers: Void = writeMarker(marker)
         async let housekeeping: Void = housekeep()
         for await _ in stopStream { break }
+        await stopLive()
         await stop()
         await markers
         await housekeeping

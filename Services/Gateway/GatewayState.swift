@@ -40,8 +40,8 @@ final class GatewayState: Sendable {
     /// open streams and wakes the requests waiting for it.
     func take(_ body: Data, now: Date) {
         guard let e = EventBook.read(body) else { return }
-        let woken: [Waiter] = state.withLock { s in
-            guard s.book.add(id: e.id, seq: e.seq, state: e.state, user: e.user, body: body, now: now) else { return [] }
+        let woken: [Waiter]? = state.withLock { s in
+            guard s.book.add(id: e.id, seq: e.seq, state: e.state, user: e.user, body: body, now: now) else { return nil }
             if var subscribers = s.subscribers[e.id] {
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: body)
                 subscribers = subscribers.compactMap { sub in
@@ -61,7 +61,9 @@ final class GatewayState: Sendable {
             metrics.streams.set(Double(s.streams))
             return s.waiters.removeValue(forKey: e.id) ?? []
         }
+        guard let woken else { return }  // the other copy came first
         metrics.events.increment()
+        if let at = e.at.flatMap(RFC3339.parse) { metrics.eventDelay.observe(max(0, now.timeIntervalSince(at))) }
         for w in woken { w.continuation.resume(returning: true) }
     }
 
@@ -192,12 +194,16 @@ struct GatewayMetrics: Sendable {
     let dispatches: Gauge
     let events: Counter
     let published: Counter
+    /// From an event's `at` to the gateway taking it (the first of its two copies).
+    let eventDelay: Histogram
 
     init(_ registry: MetricsRegistry) {
         requests = registry.counter("frontdesk_gateway_requests_total", "HTTP requests by status code", labels: ["status"])
         streams = registry.gauge("frontdesk_gateway_streams", "open event streams")
         dispatches = registry.gauge("frontdesk_gateway_dispatches", "dispatches known from the status log")
         events = registry.counter("frontdesk_gateway_events_total", "status events read from the status log")
+        eventDelay = registry.histogram(
+            "frontdesk_gateway_event_delay_seconds", "from a status event's at to the gateway reading it", buckets: Histogram.latencyBuckets)
         published = registry.counter("frontdesk_gateway_published_total", "commands published, by routing key", labels: ["key"])
     }
 }

@@ -51,11 +51,15 @@ func loadPage() -> [String: Data] {
     return files
 }
 
-// Only what the gateway uses: it publishes commands and reads the status log.
+// Only what the gateway uses: it publishes commands, reads the status log,
+// and tails the status exchange through a queue of its own (the log's
+// readers get events later, in chunks; the queue is the live path).
+let liveQueue = GatewayService.liveQueuePrefix + UUID().uuidString.lowercased()
 let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
     try await channel.exchangeDeclare(SharedTopology.commandsExchange, type: "topic")
     try await channel.exchangeDeclare(SharedTopology.statusExchange, type: "topic")
     try await SharedTopology.declareStatusLog(on: channel)
+    try await GatewayService.declareLiveQueue(liveQueue, on: channel)
 }
 let page = loadPage()
 if page.count != GatewayEndpoint.pageFiles.count {
@@ -63,7 +67,8 @@ if page.count != GatewayEndpoint.pageFiles.count {
 }
 let gateway = GatewayService(
     client: bootstrap.client,
-    settings: .init(tokens: tokens, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login),
+    settings: .init(
+        tokens: tokens, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue),
     logger: bootstrap.logger, metrics: bootstrap.metrics, page: page)
 
 let api: AsyncHTTPServer

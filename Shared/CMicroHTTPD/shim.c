@@ -557,7 +557,7 @@ static fd_http_server *start(const char *host, uint16_t port, unsigned timeout_s
             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
-            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)32768,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
             MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, server,
             MHD_OPTION_END);

@@ -25,12 +25,12 @@ public struct EventBook: Sendable {
     public init() {}
 
     /// The fields of a status event body the gateway reads; nil for anything else.
-    public static func read(_ body: Data) -> (id: String, seq: Int, state: DispatchState, user: String?)? {
+    public static func read(_ body: Data) -> (id: String, seq: Int, state: DispatchState, user: String?, at: String?)? {
         guard let fields = try? JSONFields(body), let id = try? fields.string("dispatchId"), Identifiers.isValidDispatchID(id),
             let seq = try? fields.int("seq", in: 1...Int(Int32.max)),
             let stateText = try? fields.string("state"), let state = DispatchState(rawValue: stateText)
         else { return nil }
-        return (id, seq, state, (try? fields.optionalString("user")) ?? nil)
+        return (id, seq, state, (try? fields.optionalString("user")) ?? nil, (try? fields.optionalString("at")) ?? nil)
     }
 
     /// Adds an event; false when it is already known (same seq) or the
