@@ -8,9 +8,11 @@ adds on top of the fan-out). Also the gateway's memory per open stream.
   1. N dispatches are posted to the gateway for a target without agents
      (they wait, queued); N streams are opened, one per dispatch; the
      gateway's RSS before and after gives the memory per stream.
-  2. An instant agent for the target comes online: every dispatch is
-     delivered and replies, a few events each, all flowing at once.
-  3. For each event: arrival at its SSE client and at the AMQP subscriber,
+  2. Steady: half the dispatches are cancelled at --rate a second (one
+     `cancelled` event each).
+  3. Burst: an instant agent for the target comes online: every other
+     dispatch is delivered and replies, two events each, all at once.
+  4. For each event: arrival at its SSE client and at the AMQP subscriber,
      minus the event's own `at` (set when the sender published it).
 
 Prints p50/p99 of both, their ratio, and the memory figures; exit 1 if
@@ -164,6 +166,7 @@ class Direct(threading.Thread):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--rate", type=int, default=200, help="cancels a second in the steady phase")
     args = parser.parse_args()
     n = args.streams
     log_dir = tempfile.mkdtemp(prefix="frontdesk-gwbench-")
@@ -209,6 +212,19 @@ def main():
         direct.start()
         time.sleep(0.5)
         start_count = len(streams.arrivals)
+        publisher = harness.connect(vhost.url)
+        commands = publisher.channel()
+        steady_ids = ids[: n // 2]
+        begin = time.time()
+        for k, dispatch_id in enumerate(steady_ids):
+            delay = begin + k / args.rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            commands.basic_publish("frontdesk.commands", "dispatch.cancel", json.dumps({"id": dispatch_id, "reason": "bench"}).encode())
+        deadline = time.time() + 30
+        while sum(1 for v in streams.arrivals.values() if v[1]["state"] == "cancelled") < len(steady_ids) and time.time() < deadline:
+            time.sleep(0.1)
+        publisher.close()
         agent = subprocess.Popen([os.path.join(harness.BIN, "frontdesk"), "agent", "--target", "acme/legal", "--instant"],
                                  env=dict(os.environ, AMQP_URL=vhost.url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
@@ -216,22 +232,27 @@ def main():
             time.sleep(0.2)
         time.sleep(0.5)
         read_after = delay_buckets(gateway.port)
-        live = {k: v for k, v in streams.arrivals.items() if v[1]["state"] in ("sending", "replied")}
-        sse, base = [], []
-        for key, (arrived, event) in live.items():
-            if key in direct.arrivals:
-                sse.append(arrived - at_ms(event))
-                base.append(direct.arrivals[key][0] - at_ms(event))
+        live = {k: v for k, v in streams.arrivals.items() if v[1]["state"] in ("sending", "replied", "cancelled")}
+
+        def latencies(states):
+            sse, base = [], []
+            for key, (arrived, event) in live.items():
+                if event["state"] in states and key in direct.arrivals:
+                    sse.append(arrived - at_ms(event))
+                    base.append(direct.arrivals[key][0] - at_ms(event))
+            return sse, base
         missing = sum(1 for k in direct.arrivals if k not in streams.arrivals)
-        replied = sum(1 for v in streams.arrivals.values() if v[1]["state"] == "replied")
+        replied = sum(1 for v in streams.arrivals.values() if v[1]["state"] in ("replied", "cancelled"))
         print(f"gateway-bench: {n} streams open, {start_count} history events replayed, {len(live)} live events, "
-              f"{replied} replied, {streams.open} streams still open, {missing} events the streams missed")
+              f"{replied} ended, {streams.open} streams still open, {missing} events the streams missed")
         print(f"gateway-bench: memory: gateway RSS {before / 1024:.1f} MiB before the streams, {after / 1024:.1f} MiB with them: "
               f"{(after - before) / max(1, n):.1f} KiB per stream")
-        p50s, p99s, p50b, p99b = percentile(sse, 0.5), percentile(sse, 0.99), percentile(base, 0.5), percentile(base, 0.99)
-        print(f"gateway-bench: status event → client, over {len(sse)} events: SSE via the gateway p50 {p50s:.1f} ms, p99 {p99s:.1f} ms; "
-              f"AMQP subscriber (baseline) p50 {p50b:.1f} ms, p99 {p99b:.1f} ms; ratio p50 {p50s / max(p50b, 0.001):.2f}, "
-              f"p99 {p99s / max(p99b, 0.001):.2f}")
+        for label, states in [(f"steady, {args.rate}/s", ("cancelled",)), ("burst", ("sending", "replied"))]:
+            sse, base = latencies(states)
+            p50s, p99s, p50b, p99b = percentile(sse, 0.5), percentile(sse, 0.99), percentile(base, 0.5), percentile(base, 0.99)
+            print(f"gateway-bench: {label}: status event → client over {len(sse)} events: SSE via the gateway p50 {p50s:.1f} ms, "
+                  f"p99 {p99s:.1f} ms; AMQP subscriber (baseline) p50 {p50b:.1f} ms, p99 {p99b:.1f} ms; "
+                  f"ratio p50 {p50s / max(p50b, 0.001):.2f}, p99 {p99s / max(p99b, 0.001):.2f}")
         print(f"gateway-bench: inside the gateway, event at → read from the broker: p50 ≤ {bucket_percentile(read_before, read_after, 0.5):.1f} ms, "
               f"p99 ≤ {bucket_percentile(read_before, read_after, 0.99):.1f} ms (histogram bucket bounds)")
         if missing or replied < n or streams.open:

@@ -72,7 +72,7 @@ final class GatewayService: Service {
             ConsumerSpecification(queue: SharedTopology.statusLog, prefetchCount: 1000, arguments: ["x-stream-offset": .timestamp(since)]),
             deliver: { [self] d in
                 if d.properties.type == StatusEvent.type {
-                    state.take(d.body, now: Date())
+                    state.take(d.body, messageID: d.properties.messageID, now: Date())
                 } else if d.properties.type == Self.markerType, d.properties.messageID == marker, d.properties.userID == login {
                     caughtUp.store(true, ordering: .releasing)
                 }
@@ -83,7 +83,7 @@ final class GatewayService: Service {
         let stopLive = await client.consume(
             ConsumerSpecification(queue: settings.liveQueue, prefetchCount: 1000, exclusive: true),
             deliver: { d in
-                if d.properties.type == StatusEvent.type { state.take(d.body, now: Date()) }
+                if d.properties.type == StatusEvent.type { state.take(d.body, messageID: d.properties.messageID, now: Date()) }
                 try? d.ack()
             },
             ended: {})

@@ -38,7 +38,13 @@ final class GatewayState: Sendable {
 
     /// Takes one status event body from the log; writes it to the dispatch's
     /// open streams and wakes the requests waiting for it.
-    func take(_ body: Data, now: Date) {
+    func take(_ body: Data, messageID: String?, now: Date) {
+        // The second copy of an event (log and live queue) is known by its message id, `<id>/<seq>`: not parsed again.
+        if let messageID, let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...]),
+            state.withLock({ $0.book.has(messageID[..<slash], seq: seq) })
+        {
+            return
+        }
         guard let e = EventBook.read(body) else { return }
         let woken: [Waiter]? = state.withLock { s in
             guard s.book.add(id: e.id, seq: e.seq, state: e.state, user: e.user, body: body, now: now) else { return nil }

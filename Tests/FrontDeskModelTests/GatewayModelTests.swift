@@ -168,6 +168,7 @@ struct EventBookTests {
         #expect(book.events("d", after: 0).map(\.seq) == [1, 2, 3])
         #expect(book.events("d", after: 2).map(\.seq) == [3])
         #expect(book.latest("d")?.state == .sending)
+        #expect(book.has("d", seq: 3) && !book.has("d", seq: 4) && !book.has("e", seq: 1))
         #expect(book.isOwned("d", by: "u"))
         #expect(!book.isOwned("d", by: "v"))
         #expect(!book.isOwned("other", by: "u"))

@@ -56,6 +56,12 @@ public struct EventBook: Sendable {
 
     public func knows(_ id: String) -> Bool { entries[id] != nil }
 
+    /// Whether the event `seq` of `id` is known (or the dispatch ended): a second copy needs no reading.
+    public func has(_ id: Substring, seq: Int) -> Bool {
+        guard let e = entries[String(id)] else { return false }
+        return e.terminal || e.events.contains { $0.seq == seq }
+    }
+
     /// The dispatch's owner, when the dispatch is known (nil inside: a request without a user).
     public func owner(_ id: String) -> String?? { entries[id].map { $0.user } }
 
