@@ -9,7 +9,11 @@ let package = Package(
         .executable(name: "frontdesk-router", targets: ["frontdesk-router"]),
         .executable(name: "frontdesk-sender", targets: ["frontdesk-sender"]),
         .executable(name: "frontdesk-gateway", targets: ["frontdesk-gateway"]),
+        .executable(name: "frontdesk-pusher", targets: ["frontdesk-pusher"]),
         .executable(name: "frontdesk", targets: ["frontdesk"]),
+        // The Live Activity's shape (ActivityKit attributes and content
+        // state, the push payload): Foundation only, for the iOS app too.
+        .library(name: "FrontDeskActivity", targets: ["FrontDeskActivity"]),
     ],
     targets: [
         // C: the calls Swift cannot make into rabbitmq-c (variadic, macros).
@@ -30,11 +34,19 @@ let package = Package(
             path: "Shared/CCrypto",
             linkerSettings: [.linkedLibrary("crypto")]
         ),
+        // C: an HTTP/2 client on libcurl (nghttp2), for APNs.
+        .target(
+            name: "CCurl",
+            path: "Shared/CCurl",
+            linkerSettings: [.linkedLibrary("curl")]
+        ),
+        .target(name: "FrontDeskActivity", path: "Shared/FrontDeskActivity"),
         // AMQP 0-9-1 client on rabbitmq-c: knows nothing of dispatches.
         .target(name: "AMQP", dependencies: ["CRabbitMQ"], path: "Shared/AMQP"),
         // The pure model: messages, routing table, resolver, state machine. No I/O.
         .target(
             name: "FrontDeskModel",
+            dependencies: ["FrontDeskActivity"],
             path: "Shared/FrontDeskModel",
             resources: [.copy("Resources/routes.example.json")]
         ),
@@ -56,6 +68,11 @@ let package = Package(
             dependencies: ["AMQP", "ServiceKit", "FrontDeskModel", "CCrypto"],
             path: "Services/Gateway",
             resources: [.copy("Page")]
+        ),
+        .executableTarget(
+            name: "frontdesk-pusher",
+            dependencies: ["AMQP", "ServiceKit", "FrontDeskModel", "FrontDeskActivity", "CCrypto", "CCurl"],
+            path: "Services/Pusher"
         ),
 
         // The command line: dispatch, watch, cancel, reroute, route, agent.
@@ -90,7 +107,7 @@ let package = Package(
 
         .testTarget(name: "AMQPTests", dependencies: ["AMQP"], path: "Tests/AMQPTests"),
         .testTarget(name: "ServiceKitTests", dependencies: ["ServiceKit"], path: "Tests/ServiceKitTests"),
-        .testTarget(name: "FrontDeskModelTests", dependencies: ["FrontDeskModel"], path: "Tests/FrontDeskModelTests"),
+        .testTarget(name: "FrontDeskModelTests", dependencies: ["FrontDeskModel", "FrontDeskActivity"], path: "Tests/FrontDeskModelTests"),
         // Against the local broker: the AMQP layer, and the services run as processes.
         .testTarget(name: "IntegrationTests", dependencies: ["AMQP"], path: "Tests/IntegrationTests"),
     ]

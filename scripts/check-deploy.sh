@@ -16,7 +16,7 @@ BIN="${FRONTDESK_BIN:-.build/debug}"
 WORK="$(mktemp -d)"
 PIDS=()
 VHOST=frontdesk
-ROLES=(admin router sender producer agent surface gateway)
+ROLES=(admin router sender producer agent surface gateway pusher)
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
@@ -108,6 +108,13 @@ online="$(curl -fs -H "Authorization: Bearer $TOKEN" http://127.0.0.1:9280/v1/ta
     'import json, sys; print(" ".join(t["id"] for p in json.load(sys.stdin)["projects"] for t in p["targets"] if t["online"]))' 2>/dev/null || true)"
 check "the gateway sees board-prep online (presence)" board-prep "${online:-none}"
 
+# The pusher as its own user (a throw-away key; no APNs is needed to be ready).
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$WORK/AuthKey.p8" 2>/dev/null
+AMQP_URL="$(url pusher)" FRONTDESK_HTTP_PORT=9204 FRONTDESK_APNS_KEY_FILE="$WORK/AuthKey.p8" FRONTDESK_APNS_KEY_ID=K \
+    FRONTDESK_APNS_TEAM_ID=T FRONTDESK_APNS_BUNDLE_ID=com.example.frontdesk FRONTDESK_APNS_URL=https://127.0.0.1:9 \
+    "$BIN/frontdesk-pusher" 2>"$WORK/pusher.log" & PIDS+=($!)
+expect_ready 9204 "pusher ready as user pusher" "$WORK/pusher.log"
+
 leaked=none
 for secret in "${PASSWORD[router]}" "$(encode "${PASSWORD[router]}")"; do
     grep -qF -- "$secret" "$WORK/router.log" && leaked="in its log"
@@ -146,6 +153,9 @@ check "router publishes to frontdesk.commands" refused "$(probe router publish f
 check "sender consumes frontdesk.router.intake" refused "$(probe sender consume frontdesk.router.intake)"
 check "sender publishes to frontdesk.commands" refused "$(probe sender publish frontdesk.commands dispatch.request)"
 check "sender declares frontdesk.router.sneaky" refused "$(probe sender declare frontdesk.router.sneaky)"
+check "pusher consumes frontdesk.router.intake" refused "$(probe pusher consume frontdesk.router.intake)"
+check "pusher publishes to frontdesk.status" refused "$(probe pusher publish frontdesk.status status.x.y.replied)"
+check "pusher publishes to frontdesk.commands" refused "$(probe pusher publish frontdesk.commands dispatch.request)"
 check "gateway consumes frontdesk.router.intake" refused "$(probe gateway consume frontdesk.router.intake)"
 check "gateway consumes frontdesk.agent.yemaya.board-prep" refused "$(probe gateway consume frontdesk.agent.yemaya.board-prep)"
 check "gateway publishes to frontdesk.status" refused "$(probe gateway publish frontdesk.status status.x.y.replied)"

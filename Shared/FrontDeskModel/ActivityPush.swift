@@ -1,60 +1,82 @@
+import FrontDeskActivity
 import Foundation
 
-/// An ActivityKit push for a status event: `aps` with `timestamp`, `event`
-/// (update, or end for a terminal state), `content-state` (what the Live
-/// Activity shows), `stale-date`, `dismissal-date` (end only) and
-/// `relevance-score`. At most 4 KB, as APNs allows: the preview is trimmed
-/// first, then the input echo.
+/// An ActivityKit push for a status event (`FrontDeskActivity`'s
+/// `ActivityPushPayload`): `aps` with `timestamp`, `event` (update, or end
+/// for a terminal state), `content-state` (what the Live Activity shows),
+/// `stale-date`, `dismissal-date` (end only) and `relevance-score`. At most
+/// 4 KB, as APNs allows: the preview is trimmed first, then the input echo.
 public enum ActivityPush {
     public static let maxBytes = 4096
+    /// After an ETA runs out, this long until a frozen "~Ns left" counts as stale.
+    public static let etaGraceSeconds = 10
+    /// An ended activity stays on the lock screen this long.
+    public static let dismissalSeconds = 15 * 60
 
-    public static func payload(for event: StatusEvent, view: LiveActivity) -> Data {
+    public static func contentState(for event: StatusEvent, view: LiveActivity) -> FrontDeskActivityAttributes.ContentState {
+        FrontDeskActivityAttributes.ContentState(
+            dispatchId: event.dispatchId, seq: event.seq, state: event.state.rawValue, step: event.step, steps: event.steps,
+            title: view.title, routeLine: view.routeLine, glyph: view.glyph, accent: view.accent, statusLine: view.statusLine,
+            input: view.input, bars: view.bars.map { .init(rawValue: $0.rawValue) ?? .pending }, preview: view.preview,
+            elapsedFrom: event.startedAt, etaMs: view.isQueued ? nil : event.etaMs, isQueued: view.isQueued,
+            bestGuess: view.bestGuess, footer: view.footer, canCancel: view.canCancel)
+    }
+
+    public static func payloadValue(for event: StatusEvent, view: LiveActivity) -> ActivityPushPayload {
         let at = RFC3339.parse(event.at) ?? Date()
         let timestamp = Int(at.timeIntervalSince1970)
-        var content: [String: Any] = [
-            "dispatchId": event.dispatchId, "seq": event.seq, "state": event.state.rawValue, "step": event.step,
-            "steps": event.steps, "title": view.title, "statusLine": view.statusLine, "input": view.input,
-            "bars": view.bars.map(\.rawValue), "preview": view.preview, "elapsedFrom": event.startedAt,
-            "isQueued": view.isQueued, "canCancel": view.canCancel,
-        ]
-        if let v = view.routeLine { content["routeLine"] = v }
-        if let v = view.glyph { content["glyph"] = v }
-        if let v = view.accent { content["accent"] = v }
-        if let v = event.etaMs, !view.isQueued { content["etaMs"] = v }
-        if let v = view.bestGuess { content["bestGuess"] = v }
-        if let v = view.footer { content["footer"] = v }
-        var aps: [String: Any] = [
-            "timestamp": timestamp, "event": event.state.isTerminal ? "end" : "update", "content-state": content,
-            // Past its expiry (or a minute after it ended) the activity is stale.
-            "stale-date": Int((RFC3339.parse(event.expiresAt) ?? at).timeIntervalSince1970),
-            "relevance-score": relevance(event.state),
-        ]
-        if event.state.isTerminal {
-            aps["stale-date"] = timestamp + 60
-            aps["dismissal-date"] = timestamp + 15 * 60
+        // Stale when its ETA has run out (a frozen "~2s left" must not look live), else at the dispatch's expiry.
+        var stale = Int((RFC3339.parse(event.expiresAt) ?? at).timeIntervalSince1970)
+        if let eta = event.etaMs, event.state == .sending, eta >= 0 {
+            stale = min(stale, timestamp + (eta + 999) / 1000 + etaGraceSeconds)
         }
-        func encode() -> Data { try! JSONSerialization.data(withJSONObject: ["aps": aps], options: [.sortedKeys]) }
+        var aps = ActivityPushPayload.APS(
+            timestamp: timestamp, event: event.state.isTerminal ? "end" : "update", contentState: contentState(for: event, view: view),
+            staleDate: stale, dismissalDate: nil, relevanceScore: relevance(event.state))
+        if event.state.isTerminal {
+            aps.staleDate = timestamp + 60
+            aps.dismissalDate = timestamp + dismissalSeconds
+        }
+        return ActivityPushPayload(aps: aps)
+    }
+
+    public static func payload(for event: StatusEvent, view: LiveActivity) -> Data {
+        var value = payloadValue(for: event, view: view)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        func encode() -> Data { (try? encoder.encode(value)) ?? Data("{}".utf8) }
         var data = encode()
-        // Too big: drop preview lines from the oldest, then shorten the input echo.
-        while data.count > maxBytes, var c = aps["content-state"] as? [String: Any] {
-            if var preview = c["preview"] as? [String], !preview.isEmpty {
-                if let longest = preview.indices.max(by: { preview[$0].utf8.count < preview[$1].utf8.count }),
-                    preview[longest].utf8.count > 200
+        // Too big: shorten the longest preview line or drop the oldest, then shorten the input echo.
+        while data.count > maxBytes {
+            var c = value.aps.contentState
+            if !c.preview.isEmpty {
+                if let longest = c.preview.indices.max(by: { c.preview[$0].utf8.count < c.preview[$1].utf8.count }),
+                    c.preview[longest].utf8.count > 200
                 {
-                    preview[longest] = String(preview[longest].prefix(preview[longest].count / 2)) + "…"
+                    c.preview[longest] = String(c.preview[longest].prefix(c.preview[longest].count / 2)) + "…"
                 } else {
-                    preview.removeFirst()
+                    c.preview.removeFirst()
                 }
-                c["preview"] = preview
-            } else if let input = c["input"] as? String, input.count > 40 {
-                c["input"] = String(input.prefix(input.count / 2)) + "…"
+            } else if c.input.count > 40 {
+                c.input = String(c.input.prefix(c.input.count / 2)) + "…"
+            } else if let route = c.routeLine, route.count > 40 {
+                c.routeLine = String(route.prefix(route.count / 2)) + "…"
             } else {
-                break
+                c.statusLine = String(c.statusLine.prefix(c.statusLine.count / 2))
+                if c.statusLine.isEmpty { break }
             }
-            aps["content-state"] = c
+            value.aps.contentState = c
             data = encode()
         }
         return data
+    }
+
+    /// `apns-priority`: 10 when what the activity says changes (a new state,
+    /// the end), 5 for preview-only updates in the same state. Priority 10
+    /// draws on the device's update budget; 5 does not, but may be delivered
+    /// late (Apple, "Determine the update frequency").
+    public static func priority(for event: StatusEvent, previousState: DispatchState?) -> Int {
+        event.state.isTerminal || event.state != previousState ? 10 : 5
     }
 
     /// Activities that need the user rank higher.

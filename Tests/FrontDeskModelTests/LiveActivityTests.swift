@@ -144,7 +144,8 @@ struct ActivityPushTests {
         let aps = try push(sending(preview: ["Hi Lisa,", "The agenda"]))
         #expect(aps["event"] as? String == "update")
         #expect(aps["timestamp"] as? Int == 1_778_665_264)
-        #expect(aps["stale-date"] as? Int == 1_778_679_660)
+        // Stale once the agent's 2 s ETA (and a grace) has run out: a frozen "~2s left" must not look live.
+        #expect(aps["stale-date"] as? Int == 1_778_665_264 + 2 + ActivityPush.etaGraceSeconds)
         #expect(aps["dismissal-date"] == nil)
         let c = try #require(aps["content-state"] as? [String: Any])
         #expect(c["routeLine"] as? String == "Yemaya · Board Prep")

@@ -1,0 +1,309 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+import ServiceKit
+import Synchronization
+
+/// The pusher's broker objects.
+enum PusherTopology {
+    /// `dispatch.activity` registrations from `frontdesk.commands`. Quorum.
+    static let registrations = "frontdesk.pusher.registrations"
+    /// Every registration (and every token dropped), kept a day: each replica
+    /// reads it from the start of the lifetime window. A stream.
+    static let tokens = "frontdesk.pusher.tokens"
+    /// Every status event, for the one pusher that acts (single active
+    /// consumer: another replica takes over when it goes). Quorum, bounded.
+    static let status = "frontdesk.pusher.status"
+
+    static let tokenType = "frontdesk.pusher.token.v1"
+    static let dropType = "frontdesk.pusher.drop.v1"
+    static let markerType = "frontdesk.pusher.marker.v1"
+
+    static func declare(on channel: AMQPChannel) async throws {
+        try await channel.exchangeDeclare(SharedTopology.commandsExchange, type: "topic")
+        try await channel.exchangeDeclare(SharedTopology.statusExchange, type: "topic")
+        try await channel.exchangeDeclare(SharedTopology.deadLetterExchange, type: "fanout")
+        try await channel.queueDeclare(registrations, arguments: ["x-queue-type": "quorum"])
+        try await channel.queueBind(registrations, exchange: SharedTopology.commandsExchange, routingKey: CommandKey.activity)
+        try await channel.queueDeclare(tokens, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
+        try await channel.queueDeclare(status, arguments: [
+            "x-queue-type": "quorum", "x-single-active-consumer": .bool(true),
+            "x-max-length": .int64(1_000_000), "x-overflow": "drop-head",
+        ])
+        try await channel.queueBind(status, exchange: SharedTopology.statusExchange, routingKey: "status.#")
+    }
+}
+
+/// frontdesk-pusher: each status event of a dispatch with a registered push
+/// token becomes an ActivityKit push to APNs (CONTRACT.md, Live Activity pushes).
+final class PusherService: Service {
+    struct Settings: Sendable {
+        var apnsURL: String?
+        var bundleID: String
+        var keyID: String
+        var teamID: String
+        var lifetimeSeconds: Int
+        var login: String
+    }
+
+    let client: AMQPClient
+    let settings: Settings
+    let logger: Logger
+    let metrics: PusherMetrics
+    let apns: APNsClient
+    let key: SigningKey
+
+    private struct Registered: Sendable {
+        var registration: PushRegistration
+        var at: Date
+    }
+
+    private let tokens = Mutex<[String: Registered]>([:])
+    private let scheduler = Mutex(PushScheduler())
+    private let held = Mutex<[UInt64: AMQPDelivery]>([:])
+    private let nextTag = Atomic<UInt64>(0)
+    private let providerToken = Mutex(ProviderTokenCache())
+    private let caughtUp = Atomic<Bool>(false)
+    private let stopped = Atomic<Bool>(false)
+    private let stopSignal: AsyncStream<Void>.Continuation
+    private let stopStream: AsyncStream<Void>
+
+    init(client: AMQPClient, settings: Settings, logger: Logger, metrics: MetricsRegistry, apns: APNsClient, key: SigningKey) {
+        self.client = client
+        self.settings = settings
+        self.logger = logger
+        self.metrics = PusherMetrics(metrics)
+        self.apns = apns
+        self.key = key
+        (stopStream, stopSignal) = AsyncStream<Void>.makeStream()
+    }
+
+    var isReady: Bool { client.isReady && caughtUp.load(ordering: .acquiring) }
+
+    func run() async throws {
+        let marker = "pusher-\(UUID().uuidString)"
+        let since = UInt64(max(0, Date().timeIntervalSince1970 - Double(settings.lifetimeSeconds) - 300))
+        let stopTokens = await client.consume(
+            ConsumerSpecification(queue: PusherTopology.tokens, prefetchCount: 1000, arguments: ["x-stream-offset": .timestamp(since)]),
+            deliver: { [self] d in
+                takeTokenRecord(d, marker: marker)
+                try? d.ack()
+            },
+            ended: {})
+        // Registrations: validated, then written to the token log before their ack.
+        let registrations = await client.consume(ConsumerSpecification(queue: PusherTopology.registrations, prefetchCount: 50))
+        let registering = Task { [self] in
+            for await d in registrations { await register(d) }
+        }
+        await writeMarker(marker)
+        while !caughtUp.load(ordering: .acquiring), !stopped.load(ordering: .acquiring) {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        // Only once every token registered so far is known: the status events.
+        let stopStatus = await client.consume(
+            ConsumerSpecification(queue: PusherTopology.status, prefetchCount: 1000),
+            deliver: { [self] d in takeStatus(d) },
+            ended: {})
+        let timer = Task { [self] in
+            while !stopped.load(ordering: .acquiring) {
+                try? await Task.sleep(for: .milliseconds(100))
+                perform(scheduler.withLock { $0.due(now: Date()) })
+                metrics.tokens.set(Double(tokens.withLock { $0.count }))
+                pruneTokens()
+            }
+        }
+        for await _ in stopStream { break }
+        await stopStatus()
+        await registrations.stop()
+        registering.cancel()
+        timer.cancel()
+        await stopTokens()
+        apns.stop()
+        // What was not pushed is returned to the broker: the next pusher sends it.
+        let unsent = scheduler.withLock { $0.heldTags() }
+        let deliveries = held.withLock { h in unsent.compactMap { h.removeValue(forKey: $0) } }
+        for d in deliveries { try? d.nack(requeue: true) }
+    }
+
+    func shutdown() async {
+        stopped.store(true, ordering: .releasing)
+        stopSignal.yield()
+        stopSignal.finish()
+    }
+
+    // MARK: Tokens
+
+    private func writeMarker(_ marker: String) async {
+        while !stopped.load(ordering: .acquiring) {
+            do {
+                try await client.publish(OutboundMessage(
+                    exchange: "", routingKey: PusherTopology.tokens, body: Data("{}".utf8),
+                    properties: AMQPProperties.persistentJSON(messageID: marker, type: PusherTopology.markerType).stamped(by: settings.login)))
+                return
+            } catch {
+                try? await Task.sleep(for: .milliseconds(500))
+            }
+        }
+    }
+
+    private func takeTokenRecord(_ d: AMQPDelivery, marker: String) {
+        guard d.properties.userID == settings.login else { return }  // only this service's own records
+        switch d.properties.type {
+        case PusherTopology.markerType:
+            if d.properties.messageID == marker { caughtUp.store(true, ordering: .releasing) }
+        case PusherTopology.tokenType:
+            guard case .success(let r) = PushRegistration.parse(type: nil, body: d.body) else { return }
+            let at = d.properties.timestamp.map { Date(timeIntervalSince1970: Double(min($0, 253_402_300_799))) } ?? Date()
+            tokens.withLock { $0[r.id] = Registered(registration: r, at: at) }
+        case PusherTopology.dropType:
+            guard let id = d.properties.correlationID else { return }
+            tokens.withLock { t in
+                // A drop names the token it dropped: a newer registration stays.
+                if t[id]?.registration.pushToken == String(decoding: d.body, as: UTF8.self) { t[id] = nil }
+            }
+        default:
+            return
+        }
+    }
+
+    private func pruneTokens() {
+        let cutoff = Date().addingTimeInterval(-Double(settings.lifetimeSeconds) - 600)
+        tokens.withLock { t in
+            for (id, r) in t where r.at < cutoff { t[id] = nil }
+        }
+    }
+
+    private func register(_ d: AMQPDelivery) async {
+        switch PushRegistration.parse(type: d.properties.type, body: d.body) {
+        case .failure(let rejection):
+            logger.info("dead-lettered", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
+            metrics.deadLetters.increment(rejection.code.rawValue)
+            let letter = SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-pusher")
+            await settle(d, after: letter)
+        case .success(let r):
+            let body = (try? JSONEncoder().encode(r)) ?? Data()
+            let record = OutboundMessage(
+                exchange: "", routingKey: PusherTopology.tokens, body: body,
+                properties: AMQPProperties.persistentJSON(messageID: "\(r.id)/token/\(UUID().uuidString)", correlationID: r.id, type: PusherTopology.tokenType)
+                    .stamped(by: settings.login))
+            await settle(d, after: record)
+        }
+    }
+
+    /// Publishes `message` with a confirm, then acks `d`; on failure leaves it to come again.
+    private func settle(_ d: AMQPDelivery, after message: OutboundMessage) async {
+        do {
+            try await client.publish(message)
+            try d.ack()
+        } catch {
+            logger.warning("cannot record a registration; it will come again", [("error", .string("\(error)"))])
+            try? d.nack(requeue: true)
+        }
+    }
+
+    // MARK: Status events → pushes
+
+    private func takeStatus(_ d: AMQPDelivery) {
+        guard d.properties.type == StatusEvent.type, let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body),
+            tokens.withLock({ $0[event.dispatchId] }) != nil
+        else {
+            try? d.ack()  // not a status event, or no activity to push to
+            return
+        }
+        var state = LiveActivityState()
+        state.apply(event)
+        guard let view = state.view(now: Date()) else {
+            try? d.ack()
+            return
+        }
+        let tag = nextTag.wrappingAdd(1, ordering: .relaxed).newValue
+        held.withLock { $0[tag] = d }
+        let actions = scheduler.withLock { s -> [PushScheduler.Action] in
+            let update = PushUpdate(
+                dispatchId: event.dispatchId, seq: event.seq, payload: ActivityPush.payload(for: event, view: view),
+                priority: ActivityPush.priority(for: event, previousState: s.lastState(event.dispatchId)), isEnd: event.state.isTerminal,
+                tag: tag, eventAt: RFC3339.parse(event.at) ?? Date())
+            return s.submit(update, state: event.state, now: Date())
+        }
+        perform(actions)
+    }
+
+    private func perform(_ actions: [PushScheduler.Action]) {
+        for action in actions {
+            switch action {
+            case .send(let update): send(update)
+            case .ack(let tags):
+                let deliveries = held.withLock { h in tags.compactMap { h.removeValue(forKey: $0) } }
+                for d in deliveries { try? d.ack() }
+            case .dropToken(let id): dropToken(id)
+            case .finished(let id): tokens.withLock { $0[id] = nil }
+            }
+        }
+    }
+
+    private func bearer(now: Date) -> String? {
+        providerToken.withLock { cache in
+            cache.current(now: now) { issuedAt in
+                APNs.providerToken(keyID: settings.keyID, teamID: settings.teamID, issuedAt: issuedAt, sign: key.sign)
+            }
+        }
+    }
+
+    private func send(_ update: PushUpdate) {
+        guard let registered = tokens.withLock({ $0[update.dispatchId] }), let bearer = bearer(now: Date()) else {
+            // The token went (410 under another update) or no provider token can be made: nothing to send to.
+            perform(scheduler.withLock { $0.completed(update.dispatchId, .gone, now: Date(), jitter: 0) }.filter {
+                if case .dropToken = $0 { return false } else { return true }
+            })
+            return
+        }
+        let r = registered.registration
+        let url = APNs.url(base: settings.apnsURL, environment: r.environment, token: r.pushToken)
+        let headers = APNs.headers(bearer: bearer, bundleID: settings.bundleID, priority: update.priority, expiration: nil)
+        apns.post(url: url, headers: headers, body: update.payload) { [self] status, body, error in
+            let (outcome, reason) = APNs.outcome(status: status, body: body)
+            metrics.pushes.increment(status == 0 ? "error" : String(status))
+            switch outcome {
+            case .delivered:
+                metrics.latency.observe(max(0, Date().timeIntervalSince(update.eventAt)))
+            case .rejected:
+                metrics.rejected.increment(reason ?? "unknown")
+                logger.warning("APNs refused a push", [("status", .int(status)), ("reason", .string(reason ?? "none")), ("dispatch", .string(update.dispatchId))])
+                if reason == "ExpiredProviderToken" { providerToken.withLock { $0.expired(now: Date()) } }
+            case .gone:
+                logger.info("push token gone", [("dispatch", .string(update.dispatchId)), ("reason", .string(reason ?? "Unregistered"))])
+            case .retry:
+                logger.warning("APNs did not take a push; backing off", [
+                    ("status", .int(status)), ("reason", .string(reason ?? error ?? "none")), ("dispatch", .string(update.dispatchId)),
+                ])
+            }
+            perform(scheduler.withLock { $0.completed(update.dispatchId, outcome, now: Date(), jitter: Double.random(in: 0..<1)) })
+        }
+    }
+
+    private func dropToken(_ id: String) {
+        guard let gone = tokens.withLock({ $0.removeValue(forKey: id) }) else { return }
+        let message = OutboundMessage(
+            exchange: "", routingKey: PusherTopology.tokens, body: Data(gone.registration.pushToken.utf8),
+            properties: AMQPProperties.persistentJSON(messageID: "\(id)/drop/\(UUID().uuidString)", correlationID: id, type: PusherTopology.dropType)
+                .stamped(by: settings.login))
+        Task { try? await client.publish(message) }
+    }
+}
+
+struct PusherMetrics: Sendable {
+    let pushes: Counter
+    let latency: Histogram
+    let tokens: Gauge
+    let rejected: Counter
+    let deadLetters: Counter
+
+    init(_ registry: MetricsRegistry) {
+        pushes = registry.counter("frontdesk_pusher_pushes_total", "pushes by APNs status (error: no answer)", labels: ["status"])
+        latency = registry.histogram(
+            "frontdesk_pusher_push_latency_seconds", "from a status event's at to APNs' 200", buckets: Histogram.latencyBuckets)
+        tokens = registry.gauge("frontdesk_pusher_tokens", "push tokens held")
+        rejected = registry.counter("frontdesk_pusher_rejected_total", "pushes APNs refused (400, 403, …), by reason", labels: ["reason"])
+        deadLetters = registry.counter("frontdesk_pusher_dead_letters_total", "registrations dead-lettered, by code", labels: ["code"])
+    }
+}

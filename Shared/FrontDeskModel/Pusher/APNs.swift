@@ -1,0 +1,134 @@
+import Foundation
+
+/// A Live Activity's push token for a dispatch (`dispatch.activity`).
+public struct PushRegistration: Sendable, Equatable, Codable {
+    public enum Environment: String, Sendable, Codable { case production, sandbox }
+
+    public var id: String
+    /// Lower-case hex.
+    public var pushToken: String
+    public var environment: Environment
+
+    public init(id: String, pushToken: String, environment: Environment) {
+        self.id = id
+        self.pushToken = pushToken
+        self.environment = environment
+    }
+
+    /// Reads a `dispatch.activity` body; a malformed one gets its dead-letter code and reason.
+    public static func parse(type: String?, body: Data) -> Result<PushRegistration, Rejection> {
+        if body.count > IntakeClassifier.maxBodyBytes {
+            return .failure(.init(code: .tooLarge, reason: "the body is \(body.count) bytes; the limit is \(IntakeClassifier.maxBodyBytes)"))
+        }
+        if let type, !type.hasSuffix(".v1") {
+            return .failure(.init(code: .unsupportedVersion, reason: "message type '\(type.prefix(100))' is not a .v1 type"))
+        }
+        guard String(data: body, encoding: .utf8) != nil, let parsed = try? JSONSerialization.jsonObject(with: body) else {
+            return .failure(.init(code: .invalidJSON, reason: "the body is not valid UTF-8 JSON"))
+        }
+        guard let o = parsed as? [String: Any] else {
+            return .failure(.init(code: .invalidRequest, reason: "the body is JSON but not an object"))
+        }
+        guard let id = o["id"] as? String, Identifiers.isValidDispatchID(id) else {
+            return .failure(.init(code: .invalidRequest, reason: "'id' must be 1–128 of [A-Za-z0-9._:-]"))
+        }
+        guard let token = o["pushToken"] as? String, (2...512).contains(token.utf8.count), token.utf8.count % 2 == 0,
+            token.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) || (65...70).contains($0) })
+        else {
+            return .failure(.init(code: .invalidRequest, reason: "'pushToken' must be an even number (2–512) of hex digits"))
+        }
+        let environmentText = o["environment"] == nil ? "production" : o["environment"] as? String
+        guard let environmentText, let environment = Environment(rawValue: environmentText) else {
+            return .failure(.init(code: .invalidRequest, reason: "'environment' must be production or sandbox"))
+        }
+        return .success(PushRegistration(id: id, pushToken: token.lowercased(), environment: environment))
+    }
+
+    public struct Rejection: Error, Sendable, Equatable {
+        public var code: DeadLetterCode
+        public var reason: String
+    }
+}
+
+/// The APNs side: where a push goes and with which headers (CONTRACT.md,
+/// Live Activity pushes), and the provider token (JWT, ES256).
+public enum APNs {
+    public static let productionURL = "https://api.push.apple.com"
+    public static let sandboxURL = "https://api.sandbox.push.apple.com"
+
+    public static func url(base: String?, environment: PushRegistration.Environment, token: String) -> String {
+        let host = base ?? (environment == .production ? productionURL : sandboxURL)
+        return (host.hasSuffix("/") ? String(host.dropLast()) : host) + "/3/device/" + token
+    }
+
+    /// The request's header lines.
+    public static func headers(bearer: String, bundleID: String, priority: Int, expiration: Int?) -> [String] {
+        var lines = [
+            "apns-push-type: liveactivity",
+            "apns-topic: \(bundleID).push-type.liveactivity",
+            "apns-priority: \(priority)",
+            "authorization: bearer \(bearer)",
+            "content-type: application/json",
+        ]
+        if let expiration { lines.append("apns-expiration: \(expiration)") }
+        return lines
+    }
+
+    /// APNs' answer: the outcome for the scheduler, and the reason it gave.
+    public static func outcome(status: Int, body: Data?, retryAfter: TimeInterval? = nil) -> (PushScheduler.Outcome, String?) {
+        let reason = body.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }?["reason"] as? String
+        switch status {
+        case 200: return (.delivered, nil)
+        case 410: return (.gone, reason ?? "Unregistered")
+        case 429, 500...599: return (.retry(after: retryAfter), reason)
+        case 0: return (.retry(after: nil), reason)
+        default: return (.rejected, reason)
+        }
+    }
+
+    static func base64url(_ data: Data) -> String {
+        data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    /// A provider token: `{"alg":"ES256","kid"}.{"iss","iat"}.signature`;
+    /// `sign` gives the raw 64-byte ES256 signature of its input.
+    public static func providerToken(keyID: String, teamID: String, issuedAt: Date, sign: (Data) -> Data?) -> String? {
+        let header = base64url((try? JSONSerialization.data(withJSONObject: ["alg": "ES256", "kid": keyID], options: [.sortedKeys])) ?? Data())
+        let claims = base64url(
+            (try? JSONSerialization.data(withJSONObject: ["iss": teamID, "iat": Int(issuedAt.timeIntervalSince1970)], options: [.sortedKeys]))
+                ?? Data())
+        let signingInput = header + "." + claims
+        guard let signature = sign(Data(signingInput.utf8)), signature.count == 64 else { return nil }
+        return signingInput + "." + base64url(signature)
+    }
+}
+
+/// The provider token in use: made once, renewed after `renewAfter` (APNs
+/// refuses one older than an hour, and one renewed more often than every 20
+/// minutes), or sooner after APNs said it expired.
+public struct ProviderTokenCache: Sendable {
+    public static let renewAfter: TimeInterval = 50 * 60
+    public static let minimumAge: TimeInterval = 20 * 60
+
+    public private(set) var token: String?
+    public private(set) var issuedAt: Date = .distantPast
+
+    public init() {}
+
+    /// The token to use at `now`, made again with `make` when due.
+    public mutating func current(now: Date, make: (Date) -> String?) -> String? {
+        if token == nil || now.timeIntervalSince(issuedAt) >= Self.renewAfter || now < issuedAt {
+            if let fresh = make(now) {
+                token = fresh
+                issuedAt = now
+            }
+        }
+        return token
+    }
+
+    /// APNs answered ExpiredProviderToken: renew on the next use, unless it is too young to replace.
+    public mutating func expired(now: Date) {
+        if now.timeIntervalSince(issuedAt) >= Self.minimumAge { token = nil }
+    }
+}

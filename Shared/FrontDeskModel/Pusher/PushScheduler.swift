@@ -1,0 +1,162 @@
+import Foundation
+
+/// One push to send for a dispatch: its payload, priority, and the status
+/// event delivery it answers (acked once the push is done or superseded).
+public struct PushUpdate: Sendable, Equatable {
+    public var dispatchId: String
+    public var seq: Int
+    public var payload: Data
+    public var priority: Int
+    public var isEnd: Bool
+    /// The delivery tag of the status event: acked when this update is sent, superseded or given up.
+    public var tag: UInt64
+    /// When the status event was published (for the push latency).
+    public var eventAt: Date
+
+    public init(dispatchId: String, seq: Int, payload: Data, priority: Int, isEnd: Bool, tag: UInt64, eventAt: Date) {
+        self.dispatchId = dispatchId
+        self.seq = seq
+        self.payload = payload
+        self.priority = priority
+        self.isEnd = isEnd
+        self.tag = tag
+        self.eventAt = eventAt
+    }
+}
+
+/// Which pushes go out when, per dispatch: one in flight at a time, only the
+/// newest pending update is kept (the older ones are acked as superseded),
+/// preview-only updates (priority 5) at most one per `lowPriorityInterval`,
+/// and after a 429, a 5xx or a network failure a jittered exponential back-off
+/// before the newest update is tried again. Pure: the caller passes the time
+/// and the jitter, and carries out the actions.
+public struct PushScheduler: Sendable {
+    public enum Outcome: Sendable, Equatable {
+        /// 200.
+        case delivered
+        /// 410: the token is no longer valid.
+        case gone
+        /// 400, 403, …: this push will never be taken; logged and counted, not retried.
+        case rejected
+        /// 429, 5xx, no answer: back off and try the newest update again (after `after`, when APNs said).
+        case retry(after: TimeInterval?)
+    }
+
+    public enum Action: Sendable, Equatable {
+        case send(PushUpdate)
+        case ack([UInt64])
+        /// The token of this dispatch is gone (410): forget it.
+        case dropToken(String)
+        /// The activity ended and its end was delivered: nothing more to push for it.
+        case finished(String)
+    }
+
+    struct Slot: Sendable {
+        var inFlight: PushUpdate?
+        var pending: PushUpdate?
+        var notBefore: Date = .distantPast
+        var failures = 0
+        var lastLowPriority: Date = .distantPast
+        var lastSeq = 0
+        var lastState: DispatchState?
+    }
+
+    private var slots: [String: Slot] = [:]
+    public let lowPriorityInterval: TimeInterval
+    public let maxBackoff: TimeInterval
+
+    public init(lowPriorityInterval: TimeInterval = 2, maxBackoff: TimeInterval = 60) {
+        self.lowPriorityInterval = lowPriorityInterval
+        self.maxBackoff = maxBackoff
+    }
+
+    public var inFlightCount: Int { slots.values.filter { $0.inFlight != nil }.count }
+
+    /// The state last submitted for the dispatch (for the priority of the next update).
+    public func lastState(_ id: String) -> DispatchState? { slots[id]?.lastState }
+
+    public mutating func submit(_ update: PushUpdate, state: DispatchState, now: Date) -> [Action] {
+        var slot = slots[update.dispatchId] ?? Slot()
+        guard update.seq > slot.lastSeq else { return [.ack([update.tag])] }  // a repeat, or older than what was sent
+        slot.lastSeq = update.seq
+        slot.lastState = state
+        var actions: [Action] = []
+        var update = update
+        if let superseded = slot.pending {
+            actions.append(.ack([superseded.tag]))
+            // A change of state not yet delivered keeps its priority in the update that replaces it.
+            update.priority = max(update.priority, superseded.priority)
+        }
+        slot.pending = update
+        slots[update.dispatchId] = slot
+        return actions + start(update.dispatchId, now: now)
+    }
+
+    /// The in-flight push of `id` ended with `outcome`; `jitter` in [0, 1).
+    public mutating func completed(_ id: String, _ outcome: Outcome, now: Date, jitter: Double) -> [Action] {
+        guard var slot = slots[id], let sent = slot.inFlight else { return [] }
+        slot.inFlight = nil
+        switch outcome {
+        case .delivered:
+            slot.failures = 0
+            if sent.priority == 5 { slot.lastLowPriority = now }
+            if sent.isEnd {
+                slots[id] = nil
+                return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .finished(id)]
+            }
+            slots[id] = slot
+            return [.ack([sent.tag])] + start(id, now: now)
+        case .gone:
+            slots[id] = nil
+            return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .dropToken(id)]
+        case .rejected:
+            slots[id] = slot
+            return [.ack([sent.tag])] + start(id, now: now)
+        case .retry(let after):
+            slot.failures += 1
+            let exponential = min(maxBackoff, 0.5 * pow(2, Double(min(slot.failures - 1, 16))))
+            // Jitter only shortens, to no less than half; APNs' own Retry-After wins when longer.
+            let wait = max(exponential * (0.5 + 0.5 * min(max(jitter, 0), 1)), min(after ?? 0, maxBackoff))
+            slot.notBefore = now.addingTimeInterval(wait)
+            var actions: [Action] = []
+            if slot.pending == nil {
+                slot.pending = sent  // the newest is still this one: try it again
+            } else {
+                actions.append(.ack([sent.tag]))  // a newer update replaces it
+            }
+            slots[id] = slot
+            return actions
+        }
+    }
+
+    /// Sends what waited for a back-off or the low-priority interval to pass.
+    public mutating func due(now: Date) -> [Action] {
+        var actions: [Action] = []
+        for id in slots.keys where slots[id]?.inFlight == nil && slots[id]?.pending != nil {
+            actions += start(id, now: now)
+        }
+        return actions
+    }
+
+    /// The earliest time `due` has something to send, if anything waits.
+    public func nextDue() -> Date? {
+        slots.values.compactMap { s -> Date? in
+            guard s.inFlight == nil, let p = s.pending else { return nil }
+            return max(s.notBefore, p.priority == 5 ? s.lastLowPriority.addingTimeInterval(lowPriorityInterval) : .distantPast)
+        }.min()
+    }
+
+    /// Everything held (a shutdown): the tags not yet acked, to be returned to the broker.
+    public func heldTags() -> [UInt64] {
+        slots.values.flatMap { [$0.inFlight?.tag, $0.pending?.tag].compactMap { $0 } }
+    }
+
+    private mutating func start(_ id: String, now: Date) -> [Action] {
+        guard var slot = slots[id], slot.inFlight == nil, let next = slot.pending, now >= slot.notBefore else { return [] }
+        if next.priority == 5, now < slot.lastLowPriority.addingTimeInterval(lowPriorityInterval) { return [] }
+        slot.pending = nil
+        slot.inFlight = next
+        slots[id] = slot
+        return [.send(next)]
+    }
+}

@@ -1,0 +1,205 @@
+import FrontDeskActivity
+import Foundation
+import Testing
+
+@testable import FrontDeskModel
+
+struct PushSchedulerTests {
+    let t0 = Date(timeIntervalSince1970: 1_000_000)
+
+    func update(_ seq: Int, priority: Int = 10, end: Bool = false, tag: UInt64? = nil) -> PushUpdate {
+        PushUpdate(dispatchId: "d", seq: seq, payload: Data("\(seq)".utf8), priority: priority, isEnd: end, tag: tag ?? UInt64(seq), eventAt: t0)
+    }
+
+    func sent(_ actions: [PushScheduler.Action]) -> [Int] {
+        actions.compactMap { if case .send(let u) = $0 { return u.seq } else { return nil } }
+    }
+
+    func acked(_ actions: [PushScheduler.Action]) -> [UInt64] {
+        actions.flatMap { if case .ack(let tags) = $0 { return tags } else { return [] } }
+    }
+
+    @Test func onlyTheNewestPendingUpdateGoesOutAndTheRestAreAcked() {
+        var s = PushScheduler()
+        #expect(sent(s.submit(update(1), state: .drafted, now: t0)) == [1])
+        // While 1 is in flight, 2, 3, 4 come: 2 and 3 are superseded (acked), 4 waits.
+        #expect(s.submit(update(2), state: .routing, now: t0).isEmpty)
+        #expect(acked(s.submit(update(3), state: .sending, now: t0)) == [2])
+        #expect(acked(s.submit(update(4), state: .sending, now: t0)) == [3])
+        let done = s.completed("d", .delivered, now: t0, jitter: 0)
+        #expect(acked(done) == [1])
+        #expect(sent(done) == [4])
+        #expect(acked(s.submit(update(4), state: .sending, now: t0)) == [4], "a repeat is acked, not sent")
+    }
+
+    @Test func aStateChangeKeepsItsPriorityWhenAPreviewUpdateReplacesIt() {
+        var s = PushScheduler()
+        _ = s.submit(update(1), state: .routing, now: t0)
+        _ = s.submit(update(2, priority: 10), state: .sending, now: t0)
+        _ = s.submit(update(3, priority: 5), state: .sending, now: t0)
+        let next = s.completed("d", .delivered, now: t0, jitter: 0)
+        guard case .send(let u)? = next.first(where: { if case .send = $0 { true } else { false } }) else {
+            Issue.record("nothing sent")
+            return
+        }
+        #expect(u.seq == 3 && u.priority == 10)
+    }
+
+    @Test func previewOnlyUpdatesGoAtMostOnceAnInterval() {
+        var s = PushScheduler(lowPriorityInterval: 2)
+        _ = s.submit(update(1, priority: 5), state: .sending, now: t0)
+        _ = s.completed("d", .delivered, now: t0, jitter: 0)
+        #expect(sent(s.submit(update(2, priority: 5), state: .sending, now: t0 + 1)).isEmpty)
+        #expect(s.nextDue() == t0 + 2)
+        #expect(sent(s.due(now: t0 + 1.5)).isEmpty)
+        #expect(sent(s.due(now: t0 + 2)) == [2])
+        // A change of state does not wait.
+        _ = s.completed("d", .delivered, now: t0 + 2, jitter: 0)
+        #expect(sent(s.submit(update(3, priority: 10), state: .replied, now: t0 + 2.1)) == [3])
+    }
+
+    @Test func retryBacksOffWithJitterThatOnlyShortensAndSendsTheNewest() {
+        var s = PushScheduler()
+        _ = s.submit(update(1), state: .sending, now: t0)
+        let first = s.completed("d", .retry(after: nil), now: t0, jitter: 0.999)
+        #expect(first.isEmpty)
+        #expect(sent(s.due(now: t0 + 0.4)).isEmpty)
+        #expect(sent(s.due(now: t0 + 0.5)) == [1], "the same update again, 0.5 s later")
+        _ = s.completed("d", .retry(after: nil), now: t0 + 0.5, jitter: 0)
+        // Second failure: 1 s, jitter 0 halves it; a newer update replaces the failed one (acked as superseded).
+        #expect(acked(s.submit(update(2), state: .sending, now: t0 + 0.6)) == [1])
+        #expect(sent(s.due(now: t0 + 0.99)).isEmpty)
+        let retried = s.due(now: t0 + 1.0)
+        #expect(sent(retried) == [2])
+        // APNs' own Retry-After is honoured when longer.
+        _ = s.completed("d", .retry(after: 30), now: t0 + 1, jitter: 0)
+        #expect(s.nextDue() == t0 + 31)
+    }
+
+    @Test func goneDropsTheTokenAndEndFinishes() {
+        var s = PushScheduler()
+        _ = s.submit(update(1), state: .sending, now: t0)
+        _ = s.submit(update(2), state: .sending, now: t0)
+        let gone = s.completed("d", .gone, now: t0, jitter: 0)
+        #expect(acked(gone).sorted() == [1, 2])
+        #expect(gone.contains(.dropToken("d")))
+        var e = PushScheduler()
+        _ = e.submit(update(5, end: true), state: .replied, now: t0)
+        let finished = e.completed("d", .delivered, now: t0, jitter: 0)
+        #expect(finished.contains(.finished("d")))
+        #expect(e.heldTags().isEmpty)
+    }
+
+    @Test func aRejectedPushIsNotRetried() {
+        var s = PushScheduler()
+        _ = s.submit(update(1), state: .sending, now: t0)
+        let r = s.completed("d", .rejected, now: t0, jitter: 0)
+        #expect(acked(r) == [1])
+        #expect(s.heldTags().isEmpty)
+    }
+}
+
+struct APNsTests {
+    @Test func headersURLAndOutcomes() {
+        let h = APNs.headers(bearer: "jwt", bundleID: "com.example.app", priority: 5, expiration: nil)
+        #expect(h.contains("apns-push-type: liveactivity"))
+        #expect(h.contains("apns-topic: com.example.app.push-type.liveactivity"))
+        #expect(h.contains("apns-priority: 5"))
+        #expect(h.contains("authorization: bearer jwt"))
+        #expect(APNs.url(base: nil, environment: .sandbox, token: "ab") == "https://api.sandbox.push.apple.com/3/device/ab")
+        #expect(APNs.url(base: "https://localhost:9/", environment: .production, token: "ab") == "https://localhost:9/3/device/ab")
+        #expect(APNs.outcome(status: 200, body: nil).0 == .delivered)
+        #expect(APNs.outcome(status: 410, body: Data(#"{"reason":"Unregistered"}"#.utf8)) == (.gone, "Unregistered"))
+        #expect(APNs.outcome(status: 429, body: nil).0 == .retry(after: nil))
+        #expect(APNs.outcome(status: 503, body: nil).0 == .retry(after: nil))
+        #expect(APNs.outcome(status: 0, body: nil).0 == .retry(after: nil))
+        #expect(APNs.outcome(status: 400, body: Data(#"{"reason":"BadDeviceToken"}"#.utf8)) == (.rejected, "BadDeviceToken"))
+        #expect(APNs.outcome(status: 403, body: nil).0 == .rejected)
+    }
+
+    @Test func theProviderTokenIsAnES256JWTRenewedBeforeAnHour() throws {
+        let token = try #require(APNs.providerToken(keyID: "K1", teamID: "T1", issuedAt: Date(timeIntervalSince1970: 1000)) { _ in Data(repeating: 7, count: 64) })
+        let parts = token.split(separator: ".").map(String.init)
+        #expect(parts.count == 3)
+        func decode(_ s: String) -> [String: Any] {
+            var b = s.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+            while b.count % 4 != 0 { b += "=" }
+            return (try? JSONSerialization.jsonObject(with: Data(base64Encoded: b) ?? Data()) as? [String: Any]) ?? [:]
+        }
+        #expect(decode(parts[0])["alg"] as? String == "ES256" && decode(parts[0])["kid"] as? String == "K1")
+        #expect(decode(parts[1])["iss"] as? String == "T1" && decode(parts[1])["iat"] as? Int == 1000)
+        #expect(!token.contains("=") && !token.contains("+") && !token.contains("/"))
+        #expect(APNs.providerToken(keyID: "K", teamID: "T", issuedAt: Date()) { _ in nil } == nil)
+
+        var cache = ProviderTokenCache()
+        var made = 0
+        let start = Date(timeIntervalSince1970: 10_000)
+        let make: (Date) -> String? = { _ in
+            made += 1
+            return "t\(made)"
+        }
+        #expect(cache.current(now: start, make: make) == "t1")
+        #expect(cache.current(now: start + 49 * 60, make: make) == "t1")
+        #expect(cache.current(now: start + 50 * 60, make: make) == "t2")
+        cache.expired(now: start + 55 * 60)  // too young to replace
+        #expect(cache.current(now: start + 56 * 60, make: make) == "t2")
+        cache.expired(now: start + 71 * 60)
+        #expect(cache.current(now: start + 71 * 60, make: make) == "t3")
+    }
+
+    @Test func registrationsAreValidated() {
+        #expect((try? PushRegistration.parse(type: nil, body: Data(#"{"id":"d-1","pushToken":"ABcd","environment":"sandbox"}"#.utf8)).get())
+            == PushRegistration(id: "d-1", pushToken: "abcd", environment: .sandbox))
+        #expect((try? PushRegistration.parse(type: nil, body: Data(#"{"id":"d-1","pushToken":"ab"}"#.utf8)).get())?.environment == .production)
+        for (body, code) in [
+            ("nope", DeadLetterCode.invalidJSON), (#"{"id":"a b","pushToken":"ab"}"#, .invalidRequest),
+            (#"{"id":"d","pushToken":"abc"}"#, .invalidRequest), (#"{"id":"d","pushToken":"zz"}"#, .invalidRequest),
+            (#"{"id":"d","pushToken":"ab","environment":"dev"}"#, .invalidRequest), (#"{"id":"d","pushToken":"ab","environment":7}"#, .invalidRequest),
+        ] {
+            guard case .failure(let r) = PushRegistration.parse(type: nil, body: Data(body.utf8)) else {
+                Issue.record("accepted \(body)")
+                continue
+            }
+            #expect(r.code == code, "\(body)")
+        }
+        if case .failure(let r) = PushRegistration.parse(type: "frontdesk.activity.v2", body: Data("{}".utf8)) {
+            #expect(r.code == .unsupportedVersion)
+        }
+    }
+}
+
+struct FrontDeskActivityTests {
+    @Test func thePushersPayloadsDecodeWithTheSharedModel() throws {
+        var e = StatusEvent(
+            dispatchId: "d-1", seq: 5, state: .sending, step: 2, activity: "Drafting reply",
+            input: "Reply to Lisa about the AGM agenda — short, confirm 14:00",
+            startedAt: "2026-05-13T09:41:00.000Z", at: "2026-05-13T09:41:04.000Z", elapsedMs: 4000, expiresAt: "2026-05-13T13:41:00.000Z")
+        e.project = .init(id: "yemaya", name: "Yemaya", glyph: "YE", accent: "#6E56CF")
+        e.target = .init(id: "board-prep", name: "Board Prep")
+        e.preview = ["Hi Lisa,", "Confirmed for 14:00 on Thursday."]
+        e.etaMs = 2000
+        var s = LiveActivityState()
+        s.apply(e)
+        let data = ActivityPush.payload(for: e, view: try #require(s.view(now: Date())))
+        let push = try JSONDecoder().decode(ActivityPushPayload.self, from: data)
+        #expect(push.aps.event == "update")
+        #expect(push.aps.contentState.routeLine == "Yemaya · Board Prep")
+        #expect(push.aps.contentState.bars == [.done, .done, .current])
+        #expect(push.aps.contentState.etaMs == 2000)
+        // Stale once the ETA has run out (and a grace), not hours later.
+        #expect(push.aps.staleDate == push.aps.timestamp + 2 + ActivityPush.etaGraceSeconds)
+        var end = e
+        end.seq = 6
+        end.state = .replied
+        end.step = 3
+        end.etaMs = nil
+        var t = LiveActivityState()
+        t.apply(end)
+        let ended = try JSONDecoder().decode(ActivityPushPayload.self, from: ActivityPush.payload(for: end, view: try #require(t.view(now: Date()))))
+        #expect(ended.aps.event == "end")
+        #expect(ended.aps.dismissalDate == ended.aps.timestamp + ActivityPush.dismissalSeconds)
+        #expect(ActivityPush.priority(for: end, previousState: .sending) == 10)
+        #expect(ActivityPush.priority(for: e, previousState: .sending) == 5)
+        #expect(ActivityPush.priority(for: e, previousState: .routing) == 10)
+    }
+}
