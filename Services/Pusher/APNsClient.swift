@@ -59,13 +59,14 @@ final class APNsClient: Sendable {
         }
     }
 
-    /// Ends the client: what is in flight completes with an error first.
+    /// Ends the client: what is in flight completes with an error first. The
+    /// join happens outside the lock: a completion may post again (it fails).
     func stop() {
-        client.withLock { c in
-            guard let pointer = OpaquePointer(bitPattern: c) else { return }
-            c = 0
-            fd_h2_stop(pointer)
+        let pointer = client.withLock { c -> OpaquePointer? in
+            defer { c = 0 }
+            return OpaquePointer(bitPattern: c)
         }
+        if let pointer { fd_h2_stop(pointer) }
     }
 
     deinit {

@@ -59,6 +59,11 @@ final class PusherService: Service {
     }
 
     private let tokens = Mutex<[String: Registered]>([:])
+    /// The newest status event of each dispatch that had no token yet (acked):
+    /// a token read a moment later pushes it at once, so a dispatch faster than
+    /// its registration's trip through the token log still shows its state.
+    private let untokened = Mutex<[String: StatusEvent]>([:])
+    static let maxUntokened = 100_000
     private let scheduler = Mutex(PushScheduler())
     private let held = Mutex<[UInt64: AMQPDelivery]>([:])
     private let nextTag = Atomic<UInt64>(0)
@@ -105,11 +110,23 @@ final class PusherService: Service {
             deliver: { [self] d in takeStatus(d) },
             ended: {})
         let timer = Task { [self] in
+            var ticks = 0
             while !stopped.load(ordering: .acquiring) {
                 try? await Task.sleep(for: .milliseconds(100))
                 perform(scheduler.withLock { $0.due(now: Date()) })
-                metrics.tokens.set(Double(tokens.withLock { $0.count }))
-                pruneTokens()
+                ticks += 1
+                if ticks % 600 == 0 {  // a minute
+                    metrics.tokens.set(Double(tokens.withLock { $0.count }))
+                    pruneTokens()
+                    perform([.ack(scheduler.withLock { $0.forget(idleSince: Date().addingTimeInterval(-600)) })])
+                }
+            }
+        }
+        // A connection lost: the broker returns every unacked event to the queue (and another
+        // replica may now act on it), so what this replica held is dropped unsent.
+        let watcher = Task { [self] in
+            for await state in client.stateUpdates() where state != .connected {
+                dropHeldWork()
             }
         }
         for await _ in stopStream { break }
@@ -117,6 +134,7 @@ final class PusherService: Service {
         await registrations.stop()
         registering.cancel()
         timer.cancel()
+        watcher.cancel()
         await stopTokens()
         apns.stop()
         // What was not pushed is returned to the broker: the next pusher sends it.
@@ -155,6 +173,8 @@ final class PusherService: Service {
             guard case .success(let r) = PushRegistration.parse(type: nil, body: d.body) else { return }
             let at = d.properties.timestamp.map { Date(timeIntervalSince1970: Double(min($0, 253_402_300_799))) } ?? Date()
             tokens.withLock { $0[r.id] = Registered(registration: r, at: at) }
+            // Events that came first (this replica acts): the newest is pushed now.
+            if let event = untokened.withLock({ $0.removeValue(forKey: r.id) }) { submit(event, delivery: nil) }
         case PusherTopology.dropType:
             guard let id = d.properties.correlationID else { return }
             tokens.withLock { t in
@@ -164,6 +184,15 @@ final class PusherService: Service {
         default:
             return
         }
+    }
+
+    private func dropHeldWork() {
+        let dropped = held.withLock { h -> Int in
+            defer { h = [:] }
+            return h.count
+        }
+        scheduler.withLock { $0 = PushScheduler() }
+        if dropped > 0 { logger.warning("connection lost: unsent pushes go back to the broker", [("held", .int(dropped))]) }
     }
 
     private func pruneTokens() {
@@ -204,20 +233,34 @@ final class PusherService: Service {
     // MARK: Status events → pushes
 
     private func takeStatus(_ d: AMQPDelivery) {
-        guard d.properties.type == StatusEvent.type, let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body),
-            tokens.withLock({ $0[event.dispatchId] }) != nil
-        else {
-            try? d.ack()  // not a status event, or no activity to push to
+        guard d.properties.type == StatusEvent.type, let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body) else {
+            try? d.ack()  // not a status event
             return
         }
-        var state = LiveActivityState()
-        state.apply(event)
-        guard let view = state.view(now: Date()) else {
+        guard tokens.withLock({ $0[event.dispatchId] }) != nil else {
+            // No activity to push to yet: kept (the newest only), in case its token is on its way.
+            untokened.withLock { u in
+                if (u[event.dispatchId]?.seq ?? 0) < event.seq {
+                    if u.count >= Self.maxUntokened, u[event.dispatchId] == nil, let any = u.keys.first { u[any] = nil }
+                    u[event.dispatchId] = event
+                }
+            }
             try? d.ack()
             return
         }
+        submit(event, delivery: d)
+    }
+
+    /// Hands the event's push to the scheduler; `delivery` is acked when it is done (nil: already acked).
+    private func submit(_ event: StatusEvent, delivery d: AMQPDelivery?) {
+        var state = LiveActivityState()
+        state.apply(event)
+        guard let view = state.view(now: Date()) else {
+            try? d?.ack()
+            return
+        }
         let tag = nextTag.wrappingAdd(1, ordering: .relaxed).newValue
-        held.withLock { $0[tag] = d }
+        if let d { held.withLock { $0[tag] = d } }
         let actions = scheduler.withLock { s -> [PushScheduler.Action] in
             let update = PushUpdate(
                 dispatchId: event.dispatchId, seq: event.seq, payload: ActivityPush.payload(for: event, view: view),
@@ -252,7 +295,7 @@ final class PusherService: Service {
     private func send(_ update: PushUpdate) {
         guard let registered = tokens.withLock({ $0[update.dispatchId] }), let bearer = bearer(now: Date()) else {
             // The token went (410 under another update) or no provider token can be made: nothing to send to.
-            perform(scheduler.withLock { $0.completed(update.dispatchId, .gone, now: Date(), jitter: 0) }.filter {
+            perform(scheduler.withLock { $0.completed(update.dispatchId, sendID: update.sendID, .gone, now: Date(), jitter: 0) }.filter {
                 if case .dropToken = $0 { return false } else { return true }
             })
             return
@@ -261,7 +304,12 @@ final class PusherService: Service {
         let url = APNs.url(base: settings.apnsURL, environment: r.environment, token: r.pushToken)
         let headers = APNs.headers(bearer: bearer, bundleID: settings.bundleID, priority: update.priority, expiration: nil)
         apns.post(url: url, headers: headers, body: update.payload) { [self] status, body, error in
-            let (outcome, reason) = APNs.outcome(status: status, body: body)
+            var (outcome, reason) = APNs.outcome(status: status, body: body)
+            let current = tokens.withLock { $0[update.dispatchId]?.registration.pushToken }
+            if outcome == .gone, current != r.pushToken {
+                // That token was replaced while the push was on its way: the new one stays.
+                outcome = .rejected
+            }
             metrics.pushes.increment(status == 0 ? "error" : String(status))
             switch outcome {
             case .delivered:
@@ -269,15 +317,17 @@ final class PusherService: Service {
             case .rejected:
                 metrics.rejected.increment(reason ?? "unknown")
                 logger.warning("APNs refused a push", [("status", .int(status)), ("reason", .string(reason ?? "none")), ("dispatch", .string(update.dispatchId))])
-                if reason == "ExpiredProviderToken" { providerToken.withLock { $0.expired(now: Date()) } }
             case .gone:
                 logger.info("push token gone", [("dispatch", .string(update.dispatchId)), ("reason", .string(reason ?? "Unregistered"))])
             case .retry:
+                if reason == "ExpiredProviderToken" { providerToken.withLock { $0.expired(now: Date()) } }
                 logger.warning("APNs did not take a push; backing off", [
                     ("status", .int(status)), ("reason", .string(reason ?? error ?? "none")), ("dispatch", .string(update.dispatchId)),
                 ])
             }
-            perform(scheduler.withLock { $0.completed(update.dispatchId, outcome, now: Date(), jitter: Double.random(in: 0..<1)) })
+            perform(scheduler.withLock {
+                $0.completed(update.dispatchId, sendID: update.sendID, outcome, now: Date(), jitter: Double.random(in: 0..<1))
+            })
         }
     }
 

@@ -13,6 +13,14 @@ int fd_sha256(const void *bytes, size_t length, uint8_t digest[32]) {
     return EVP_Digest(bytes, length, digest, &written, EVP_sha256(), NULL) == 1 && written == 32;
 }
 
+static int no_passphrase(char *buffer, int size, int rwflag, void *user) {
+    (void)buffer;
+    (void)size;
+    (void)rwflag;
+    (void)user;
+    return 0;
+}
+
 struct fd_es256_key {
     EVP_PKEY *pkey;
 };
@@ -23,7 +31,8 @@ fd_es256_key *fd_es256_key_load(const char *path, char *error, size_t error_len)
         snprintf(error, error_len, "cannot open the key file");
         return NULL;
     }
-    EVP_PKEY *pkey = PEM_read_PrivateKey(file, NULL, NULL, NULL);
+    // No passphrase callback: an encrypted key is refused, never prompted for on a terminal.
+    EVP_PKEY *pkey = PEM_read_PrivateKey(file, NULL, no_passphrase, NULL);
     fclose(file);
     if (pkey == NULL) {
         snprintf(error, error_len, "the key file holds no PEM private key");

@@ -78,6 +78,10 @@ static void start_request(fd_h2_client *c, struct request *r) {
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, r->timeout_ms);
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    // A connection that died without a word (a NAT's idle drop) is noticed, not waited on.
+    curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(easy, CURLOPT_TCP_KEEPIDLE, 30L);
+    curl_easy_setopt(easy, CURLOPT_TCP_KEEPINTVL, 10L);
     curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
     curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
     curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "https,http");

@@ -53,22 +53,41 @@ public enum ActivityPush {
                 if let longest = c.preview.indices.max(by: { c.preview[$0].utf8.count < c.preview[$1].utf8.count }),
                     c.preview[longest].utf8.count > 200
                 {
-                    c.preview[longest] = String(c.preview[longest].prefix(c.preview[longest].count / 2)) + "…"
+                    c.preview[longest] = Self.halved(c.preview[longest])
                 } else {
                     c.preview.removeFirst()
                 }
-            } else if c.input.count > 40 {
-                c.input = String(c.input.prefix(c.input.count / 2)) + "…"
-            } else if let route = c.routeLine, route.count > 40 {
-                c.routeLine = String(route.prefix(route.count / 2)) + "…"
+            } else if c.input.utf8.count > 120 {
+                // By bytes, not characters: a character may carry many combining marks.
+                c.input = Self.halved(c.input)
+            } else if let route = c.routeLine, route.utf8.count > 120 {
+                c.routeLine = Self.halved(route)
+            } else if c.statusLine.utf8.count > 120 {
+                c.statusLine = Self.halved(c.statusLine)
+            } else if c.bestGuess != nil || c.footer != nil || !c.input.isEmpty {
+                c.bestGuess = nil
+                c.footer = nil
+                c.input = ""
             } else {
-                c.statusLine = String(c.statusLine.prefix(c.statusLine.count / 2))
-                if c.statusLine.isEmpty { break }
+                break  // what is left is a few hundred bytes of fixed fields
             }
             value.aps.contentState = c
             data = encode()
         }
         return data
+    }
+
+    /// The first half of `text` by UTF-8 bytes, on a scalar boundary, with an
+    /// ellipsis: always shorter than a text of more than 6 bytes, whatever its characters.
+    static func halved(_ text: String) -> String {
+        var kept = String.UnicodeScalarView()
+        var bytes = 0
+        for scalar in text.unicodeScalars {
+            bytes += String(scalar).utf8.count
+            if bytes > text.utf8.count / 2 { break }
+            kept.append(scalar)
+        }
+        return String(kept) + "…"
     }
 
     /// `apns-priority`: 10 when what the activity says changes (a new state,

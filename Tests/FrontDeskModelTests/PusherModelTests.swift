@@ -90,6 +90,56 @@ struct PushSchedulerTests {
         #expect(e.heldTags().isEmpty)
     }
 
+    @Test func theSameEventRedeliveredMovesTheHoldToItsNewDelivery() {
+        var s = PushScheduler()
+        _ = s.submit(update(1, tag: 11), state: .sending, now: t0)
+        _ = s.submit(update(2, tag: 12), state: .sending, now: t0)
+        // After a reconnect both come again under new tags: the old tags are settled, the new ones held.
+        #expect(acked(s.submit(update(1, tag: 21), state: .sending, now: t0)) == [11])
+        #expect(acked(s.submit(update(2, tag: 22), state: .sending, now: t0)) == [12])
+        #expect(Set(s.heldTags()) == [21, 22])
+        let next = s.completed("d", .delivered, now: t0, jitter: 0)
+        #expect(acked(next) == [21] && sent(next) == [2])
+    }
+
+    @Test func aRetriedStateChangeKeepsItsPriorityWhenANewerPreviewReplacesIt() {
+        var s = PushScheduler(lowPriorityInterval: 2)
+        _ = s.submit(update(1, priority: 10), state: .sending, now: t0)
+        _ = s.submit(update(2, priority: 5), state: .sending, now: t0)
+        _ = s.completed("d", .retry(after: nil), now: t0, jitter: 0)
+        let resent = s.due(now: t0 + 1)
+        guard case .send(let u)? = resent.first else {
+            Issue.record("nothing sent")
+            return
+        }
+        #expect(u.seq == 2 && u.priority == 10)
+    }
+
+    @Test func aLateAnswerToAnEarlierSendSettlesNothingLater() {
+        var s = PushScheduler()
+        guard case .send(let first)? = s.submit(update(1), state: .sending, now: t0).first else {
+            Issue.record("nothing sent")
+            return
+        }
+        _ = s.forget(idleSince: .distantFuture)  // in flight: kept
+        _ = s.completed("d", sendID: first.sendID, .retry(after: nil), now: t0, jitter: 0)
+        guard case .send(let second)? = s.due(now: t0 + 1).first else {
+            Issue.record("not resent")
+            return
+        }
+        #expect(second.sendID != first.sendID)
+        #expect(s.completed("d", sendID: first.sendID, .delivered, now: t0 + 1, jitter: 0).isEmpty)
+        #expect(acked(s.completed("d", sendID: second.sendID, .delivered, now: t0 + 1, jitter: 0)) == [1])
+    }
+
+    @Test func idleActivitiesAreForgotten() {
+        var s = PushScheduler()
+        _ = s.submit(update(1), state: .sending, now: t0)
+        _ = s.completed("d", .delivered, now: t0, jitter: 0)
+        #expect(s.forget(idleSince: t0 + 600).isEmpty)
+        #expect(s.lastState("d") == nil)
+    }
+
     @Test func aRejectedPushIsNotRetried() {
         var s = PushScheduler()
         _ = s.submit(update(1), state: .sending, now: t0)
@@ -115,6 +165,7 @@ struct APNsTests {
         #expect(APNs.outcome(status: 0, body: nil).0 == .retry(after: nil))
         #expect(APNs.outcome(status: 400, body: Data(#"{"reason":"BadDeviceToken"}"#.utf8)) == (.rejected, "BadDeviceToken"))
         #expect(APNs.outcome(status: 403, body: nil).0 == .rejected)
+        #expect(APNs.outcome(status: 403, body: Data(#"{"reason":"ExpiredProviderToken"}"#.utf8)).0 == .retry(after: nil))
     }
 
     @Test func theProviderTokenIsAnES256JWTRenewedBeforeAnHour() throws {
@@ -141,10 +192,8 @@ struct APNsTests {
         #expect(cache.current(now: start, make: make) == "t1")
         #expect(cache.current(now: start + 49 * 60, make: make) == "t1")
         #expect(cache.current(now: start + 50 * 60, make: make) == "t2")
-        cache.expired(now: start + 55 * 60)  // too young to replace
-        #expect(cache.current(now: start + 56 * 60, make: make) == "t2")
-        cache.expired(now: start + 71 * 60)
-        #expect(cache.current(now: start + 71 * 60, make: make) == "t3")
+        cache.expired(now: start + 55 * 60)  // APNs called it expired: renewed at once
+        #expect(cache.current(now: start + 56 * 60, make: make) == "t3")
     }
 
     @Test func registrationsAreValidated() {
@@ -201,5 +250,21 @@ struct FrontDeskActivityTests {
         #expect(ActivityPush.priority(for: end, previousState: .sending) == 10)
         #expect(ActivityPush.priority(for: e, previousState: .sending) == 5)
         #expect(ActivityPush.priority(for: e, previousState: .routing) == 10)
+    }
+
+    @Test func aPayloadStaysUnder4KBWhateverTheText() throws {
+        // 40 characters of ~100 combining marks each: a valid input (≤ 4,000 scalars), ~8 KB of UTF-8.
+        let heavy = String(repeating: "a" + String(repeating: "\u{0301}", count: 99), count: 40)
+        var e = StatusEvent(
+            dispatchId: "d-1", seq: 5, state: .sending, step: 2, activity: heavy, input: heavy,
+            startedAt: "2026-05-13T09:41:00.000Z", at: "2026-05-13T09:41:04.000Z", elapsedMs: 4000, expiresAt: "2026-05-13T13:41:00.000Z")
+        e.project = .init(id: "yemaya", name: heavy, glyph: "YE", accent: "#6E56CF")
+        e.target = .init(id: "board-prep", name: heavy)
+        e.preview = [heavy, heavy, heavy]
+        var s = LiveActivityState()
+        s.apply(e)
+        let data = ActivityPush.payload(for: e, view: try #require(s.view(now: Date())))
+        #expect(data.count <= ActivityPush.maxBytes)
+        #expect((try? JSONDecoder().decode(ActivityPushPayload.self, from: data)) != nil)
     }
 }

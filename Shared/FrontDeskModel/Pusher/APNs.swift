@@ -80,6 +80,8 @@ public enum APNs {
         switch status {
         case 200: return (.delivered, nil)
         case 410: return (.gone, reason ?? "Unregistered")
+        // The provider token expired (a clock off, a token kept too long): renewed, then the push is tried again.
+        case 403 where reason == "ExpiredProviderToken": return (.retry(after: nil), reason)
         case 429, 500...599: return (.retry(after: retryAfter), reason)
         case 0: return (.retry(after: nil), reason)
         default: return (.rejected, reason)
@@ -105,11 +107,10 @@ public enum APNs {
 }
 
 /// The provider token in use: made once, renewed after `renewAfter` (APNs
-/// refuses one older than an hour, and one renewed more often than every 20
-/// minutes), or sooner after APNs said it expired.
+/// refuses one older than an hour, and answers 429 to one renewed more often
+/// than every 20 minutes), or at once after APNs said it expired.
 public struct ProviderTokenCache: Sendable {
     public static let renewAfter: TimeInterval = 50 * 60
-    public static let minimumAge: TimeInterval = 20 * 60
 
     public private(set) var token: String?
     public private(set) var issuedAt: Date = .distantPast
@@ -127,8 +128,9 @@ public struct ProviderTokenCache: Sendable {
         return token
     }
 
-    /// APNs answered ExpiredProviderToken: renew on the next use, unless it is too young to replace.
+    /// APNs answered ExpiredProviderToken: renewed on the next use (a token APNs calls expired is of no use,
+    /// however young; renewing more often than every 20 minutes risks 429 TooManyProviderTokenUpdates, which backs off).
     public mutating func expired(now: Date) {
-        if now.timeIntervalSince(issuedAt) >= Self.minimumAge { token = nil }
+        token = nil
     }
 }

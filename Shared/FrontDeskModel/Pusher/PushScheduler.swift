@@ -12,6 +12,9 @@ public struct PushUpdate: Sendable, Equatable {
     public var tag: UInt64
     /// When the status event was published (for the push latency).
     public var eventAt: Date
+    /// Set by the scheduler when it sends: the completion names it, so a late
+    /// answer to an earlier send never settles a later one.
+    public var sendID: UInt64 = 0
 
     public init(dispatchId: String, seq: Int, payload: Data, priority: Int, isEnd: Bool, tag: UInt64, eventAt: Date) {
         self.dispatchId = dispatchId
@@ -59,9 +62,11 @@ public struct PushScheduler: Sendable {
         var lastLowPriority: Date = .distantPast
         var lastSeq = 0
         var lastState: DispatchState?
+        var touched: Date = .distantPast
     }
 
     private var slots: [String: Slot] = [:]
+    private var sends: UInt64 = 0
     public let lowPriorityInterval: TimeInterval
     public let maxBackoff: TimeInterval
 
@@ -77,7 +82,27 @@ public struct PushScheduler: Sendable {
 
     public mutating func submit(_ update: PushUpdate, state: DispatchState, now: Date) -> [Action] {
         var slot = slots[update.dispatchId] ?? Slot()
-        guard update.seq > slot.lastSeq else { return [.ack([update.tag])] }  // a repeat, or older than what was sent
+        slot.touched = now
+        // The same event again (redelivered after a reconnect, or published twice): the hold moves to the
+        // newest delivery of it, so that the broker's live copy is acked only once its push is done.
+        if var held = slot.inFlight, held.seq == update.seq {
+            let old = held.tag
+            held.tag = update.tag
+            slot.inFlight = held
+            slots[update.dispatchId] = slot
+            return [.ack([old])]
+        }
+        if var held = slot.pending, held.seq == update.seq {
+            let old = held.tag
+            held.tag = update.tag
+            slot.pending = held
+            slots[update.dispatchId] = slot
+            return [.ack([old])]
+        }
+        guard update.seq > slot.lastSeq else {  // older than what was sent
+            slots[update.dispatchId] = slot
+            return [.ack([update.tag])]
+        }
         slot.lastSeq = update.seq
         slot.lastState = state
         var actions: [Action] = []
@@ -92,9 +117,10 @@ public struct PushScheduler: Sendable {
         return actions + start(update.dispatchId, now: now)
     }
 
-    /// The in-flight push of `id` ended with `outcome`; `jitter` in [0, 1).
-    public mutating func completed(_ id: String, _ outcome: Outcome, now: Date, jitter: Double) -> [Action] {
-        guard var slot = slots[id], let sent = slot.inFlight else { return [] }
+    /// The in-flight push of `id` (the send `sendID`; nil: whichever is in
+    /// flight) ended with `outcome`; `jitter` in [0, 1).
+    public mutating func completed(_ id: String, sendID: UInt64? = nil, _ outcome: Outcome, now: Date, jitter: Double) -> [Action] {
+        guard var slot = slots[id], let sent = slot.inFlight, sendID == nil || sendID == sent.sendID else { return [] }
         slot.inFlight = nil
         switch outcome {
         case .delivered:
@@ -110,6 +136,10 @@ public struct PushScheduler: Sendable {
             slots[id] = nil
             return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .dropToken(id)]
         case .rejected:
+            if sent.isEnd {  // nothing follows an end: the activity is done with
+                slots[id] = nil
+                return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .finished(id)]
+            }
             slots[id] = slot
             return [.ack([sent.tag])] + start(id, now: now)
         case .retry(let after):
@@ -119,10 +149,12 @@ public struct PushScheduler: Sendable {
             let wait = max(exponential * (0.5 + 0.5 * min(max(jitter, 0), 1)), min(after ?? 0, maxBackoff))
             slot.notBefore = now.addingTimeInterval(wait)
             var actions: [Action] = []
-            if slot.pending == nil {
-                slot.pending = sent  // the newest is still this one: try it again
+            if var newer = slot.pending {
+                actions.append(.ack([sent.tag]))  // a newer update replaces it, keeping a change of state's priority
+                newer.priority = max(newer.priority, sent.priority)
+                slot.pending = newer
             } else {
-                actions.append(.ack([sent.tag]))  // a newer update replaces it
+                slot.pending = sent  // the newest is still this one: try it again
             }
             slots[id] = slot
             return actions
@@ -146,15 +178,28 @@ public struct PushScheduler: Sendable {
         }.min()
     }
 
+    /// Forgets activities idle since `cutoff` (an end never delivered, a takeover): what they held is returned.
+    public mutating func forget(idleSince cutoff: Date) -> [UInt64] {
+        var tags: [UInt64] = []
+        for (id, slot) in slots where slot.touched < cutoff && slot.inFlight == nil {
+            if let p = slot.pending { tags.append(p.tag) }
+            slots[id] = nil
+        }
+        return tags
+    }
+
     /// Everything held (a shutdown): the tags not yet acked, to be returned to the broker.
     public func heldTags() -> [UInt64] {
         slots.values.flatMap { [$0.inFlight?.tag, $0.pending?.tag].compactMap { $0 } }
     }
 
     private mutating func start(_ id: String, now: Date) -> [Action] {
-        guard var slot = slots[id], slot.inFlight == nil, let next = slot.pending, now >= slot.notBefore else { return [] }
+        guard var slot = slots[id], slot.inFlight == nil, var next = slot.pending, now >= slot.notBefore else { return [] }
+        slot.touched = now
         if next.priority == 5, now < slot.lastLowPriority.addingTimeInterval(lowPriorityInterval) { return [] }
         slot.pending = nil
+        sends += 1
+        next.sendID = sends
         slot.inFlight = next
         slots[id] = slot
         return [.send(next)]
