@@ -16,12 +16,14 @@ BIN="${FRONTDESK_BIN:-.build/debug}"
 WORK="$(mktemp -d)"
 PIDS=()
 VHOST=frontdesk
-ROLES=(admin router sender producer agent surface gateway pusher)
+ROLES=(admin router sender producer agent surface gateway pusher agent-yemaya-board-prep)
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
     bash scripts/broker.sh ctl delete_vhost "$VHOST" >/dev/null 2>&1 || true
-    for role in "${ROLES[@]}"; do bash scripts/broker.sh ctl delete_user "$role" >/dev/null 2>&1 || true; done
+    for role in "${ROLES[@]}" $(python3 scripts/agent-users.py | python3 -c 'import json, sys; print(" ".join(u["name"] for u in json.load(sys.stdin)["users"]))'); do
+        bash scripts/broker.sh ctl delete_user "$role" >/dev/null 2>&1 || true
+    done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -35,6 +37,8 @@ echo "check-deploy: importing deploy/rabbitmq/definitions.json"
 # On standard input: the broker's own user reads a path argument, and it
 # cannot read a checkout in a private home folder.
 bash scripts/broker.sh ctl import_definitions < deploy/rabbitmq/definitions.json >/dev/null
+# One agent user per target of the shipped table (scripts/agent-users.py).
+python3 scripts/agent-users.py | bash scripts/broker.sh ctl import_definitions >/dev/null
 # The import from standard input finishes in the background: wait for its users.
 for _ in $(seq 1 100); do
     users="$(bash scripts/broker.sh ctl list_users --silent 2>/dev/null | awk '{print $1}')"
@@ -72,7 +76,7 @@ AMQP_URL="$(url router)" FRONTDESK_HTTP_PORT=9201 "$BIN/frontdesk-router" 2>"$WO
 AMQP_URL="$(url sender)" FRONTDESK_HTTP_PORT=9202 "$BIN/frontdesk-sender" 2>"$WORK/sender.log" & PIDS+=($!)
 expect_ready 9201 "router ready as user router" "$WORK/router.log"
 expect_ready 9202 "sender ready as user sender" "$WORK/sender.log"
-AMQP_URL="$(url agent)" "$BIN/frontdesk" agent --target yemaya/board-prep --delay-ms 20 2>"$WORK/agent.log" & PIDS+=($!)
+AMQP_URL="$(url agent-yemaya-board-prep)" "$BIN/frontdesk" agent --target yemaya/board-prep --delay-ms 20 2>"$WORK/agent.log" & PIDS+=($!)
 AMQP_URL="$(url surface)" timeout 20 "$BIN/frontdesk" watch --format json >"$WORK/watch.out" 2>"$WORK/watch.log" & PIDS+=($!)
 sleep 1
 if AMQP_URL="$(url producer)" timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa about the AGM agenda — short, confirm 14:00" --json \
@@ -133,6 +137,10 @@ check "surface may read frontdesk.status.log" allowed "$(probe surface consume f
 check "surface publishes to frontdesk.commands" refused "$(probe surface publish frontdesk.commands dispatch.request)"
 check "surface publishes to frontdesk.status" refused "$(probe surface publish frontdesk.status status.x.y.replied)"
 check "surface consumes frontdesk.agent.yemaya.board-prep" refused "$(probe surface consume frontdesk.agent.yemaya.board-prep)"
+check "agent-yemaya-board-prep consumes frontdesk.agent.acme.legal" refused "$(probe agent-yemaya-board-prep consume frontdesk.agent.acme.legal)"
+check "agent-yemaya-board-prep declares frontdesk.agent.acme.legal" refused "$(probe agent-yemaya-board-prep declare frontdesk.agent.acme.legal)"
+check "agent-yemaya-board-prep consumes frontdesk.replies" refused "$(probe agent-yemaya-board-prep consume frontdesk.replies)"
+check "agent-yemaya-board-prep publishes to frontdesk.status" refused "$(probe agent-yemaya-board-prep publish frontdesk.status status.x.y.replied)"
 check "agent publishes to frontdesk.commands" refused "$(probe agent publish frontdesk.commands dispatch.request)"
 check "agent publishes to frontdesk.status" refused "$(probe agent publish frontdesk.status status.x.y.replied)"
 check "agent consumes frontdesk.sender.inbox" refused "$(probe agent consume frontdesk.sender.inbox)"
