@@ -118,10 +118,15 @@ public final class AMQPClient: Sendable {
     /// Connects and keeps connecting until `shutdown()`.
     public func run() async {
         var attempt = 0
+        // Several nodes: tried in a shuffled order, one after another; a back-off
+        // only once every node has failed in a row; after losing a node, the next.
+        let nodes = configuration.connection.nodes.shuffled()
+        var next = 0
         while !isShuttingDown {
             attempt += 1
+            let node = nodes[next % nodes.count]
             do {
-                let connection = try await AMQPConnection.connect(configuration.connection)
+                let connection = try await AMQPConnection.connect(configuration.connection.to(node))
                 do {
                     try await connection.withChannel { try await self.topology($0) }
                     let publishChannel = try await connection.openChannel()
@@ -148,14 +153,17 @@ public final class AMQPClient: Sendable {
                 if isShuttingDown { break }
                 onEvent(.connectionLost(lost))
                 setState(.reconnecting(reason: lost?.description ?? "closed"))
+                if nodes.count > 1 { next += 1 }  // that node may be gone: another first
             } catch {
                 state.withLock { $0.live = nil }
                 if isShuttingDown { break }
                 let error = error as? AMQPError ?? AMQPError(.library, "\(error)")
-                let delay = configuration.reconnectBackoff.delayMs(afterAttempt: attempt)
+                next += 1
+                let roundEnded = attempt % nodes.count == 0
+                let delay = roundEnded ? configuration.reconnectBackoff.delayMs(afterAttempt: attempt / nodes.count) : 0
                 onEvent(.connectFailed(error, retryInMs: delay))
                 setState(attempt == 1 && connectionState == .connecting ? .connecting : .reconnecting(reason: error.description))
-                await sleepUnlessShuttingDown(milliseconds: delay)
+                if delay > 0 { await sleepUnlessShuttingDown(milliseconds: delay) }
             }
         }
         finishAll()

@@ -18,6 +18,10 @@ public struct AMQPConnectionConfiguration: Sendable, CustomStringConvertible {
     }
 
     public var url: AMQPURL
+    /// The other nodes of the same cluster (CONTRACT.md: AMQP_URL may list
+    /// several, comma-separated). `AMQPClient` connects to a reachable one and
+    /// moves to another when its node goes away.
+    public var alternates: [AMQPURL] = []
     public var tls: TLS
     /// Shown in the management UI: e.g. "frontdesk-router@host-1".
     public var connectionName: String
@@ -36,6 +40,16 @@ public struct AMQPConnectionConfiguration: Sendable, CustomStringConvertible {
         self.connectionName = connectionName
         self.rpcTimeoutMs = rpcTimeoutMs
         self.confirmTimeoutMs = confirmTimeoutMs
+    }
+
+    /// Every node: `url` first, then the alternates.
+    public var nodes: [AMQPURL] { [url] + alternates }
+
+    /// The same settings, connecting to `node`.
+    public func to(_ node: AMQPURL) -> AMQPConnectionConfiguration {
+        var c = self
+        c.url = node
+        return c
     }
 
     public var description: String { "\(connectionName) → \(url)" }

@@ -51,16 +51,32 @@ public struct ServiceConfiguration: Sendable {
         ]
     }
 
+    /// The nodes of `AMQP_URL`: one URL, or several of one cluster
+    /// comma-separated, with the same user and vhost (one login, one place).
+    public static func nodes(_ text: String) throws(UsageError) -> [AMQPURL] {
+        var nodes: [AMQPURL] = []
+        for part in text.split(separator: ",", omittingEmptySubsequences: false) {
+            let trimmed = part.trimmingCharacters(in: .whitespaces)
+            guard !trimmed.isEmpty else { throw UsageError("AMQP_URL has an empty entry; separate the nodes' URLs with single commas") }
+            do {
+                nodes.append(try AMQPURL(parsing: trimmed))
+            } catch {
+                throw UsageError("AMQP_URL: \(error.message)")
+            }
+        }
+        guard let first = nodes.first else { throw UsageError("AMQP_URL is empty") }
+        for n in nodes.dropFirst() where n.user != first.user || n.vhost != first.vhost {
+            throw UsageError("AMQP_URL: every node must have the same user and vhost (\(n) differs from \(first))")
+        }
+        return nodes
+    }
+
     /// Builds the configuration from read option values.
     public init(service: String, values: OptionValues, defaultHTTPPort: Int, hostName: String = ProcessInfo.processInfo.hostName) throws(UsageError) {
         self.service = service
         let urlText = values.string("AMQP_URL", default: Self.defaultAMQPURL)
-        let url: AMQPURL
-        do {
-            url = try AMQPURL(parsing: urlText)
-        } catch {
-            throw UsageError("AMQP_URL: \(error.message)")
-        }
+        let nodes = try Self.nodes(urlText)
+        let url = nodes[0]
         var tls = AMQPConnectionConfiguration.TLS(
             caFile: values["AMQP_CA_FILE"], certificateFile: values["AMQP_CERT_FILE"], keyFile: values["AMQP_KEY_FILE"])
         tls.verifyPeer = true
@@ -69,6 +85,7 @@ public struct ServiceConfiguration: Sendable {
             throw UsageError("AMQP_CERT_FILE and AMQP_KEY_FILE go together: give both or neither")
         }
         amqp = AMQPConnectionConfiguration(url: url, tls: tls, connectionName: "\(service)@\(hostName)")
+        amqp.alternates = Array(nodes.dropFirst())
         routesPath = values["FRONTDESK_ROUTES"]
         lifetimeSeconds = try values.int("FRONTDESK_LIFETIME_S", default: 14_400, in: 1...31_536_000)
         retry.baseMs = try values.int("FRONTDESK_RETRY_BASE_MS", default: 1000, in: 1...86_400_000)

@@ -70,6 +70,41 @@ extension BrokerIntegration {
             await connection.close()
         }
 
+        @Test func aClientOfSeveralNodesConnectsToOneThatAnswersAndMovesWhenItGoes() async throws {
+            // Two "nodes" (proxies to the broker) and one that refuses: wherever it starts, it ends connected,
+            // and when its node falls silent it moves to the other.
+            let p1 = try FreezingProxy(upstreamPort: UInt16(TestBroker.url.port))
+            let p2 = try FreezingProxy(upstreamPort: UInt16(TestBroker.url.port))
+            defer {
+                p1.stop()
+                p2.stop()
+            }
+            var u1 = TestBroker.url, u2 = TestBroker.url, dead = TestBroker.url
+            u1.port = Int(p1.port)
+            u2.port = Int(p2.port)
+            dead.port = 1
+            u1.heartbeat = 1
+            u2.heartbeat = 1
+            var connection = TestBroker.configuration("nodes", url: u1)
+            connection.alternates = [dead, u2]
+            var configuration = AMQPClient.Configuration(connection: connection)
+            configuration.reconnectBackoff = Backoff(baseMs: 50, maxMs: 200)
+            let client = AMQPClient(configuration: configuration, topology: { _ in })
+            let run = Task { await client.run() }
+            defer { run.cancel() }
+            try await waitUntil("connected to a node", within: .seconds(10)) { client.isReady }
+            let (first, other) = p1.used.load(ordering: .relaxed) ? (p1, p2) : (p2, p1)
+            #expect(first.used.load(ordering: .relaxed) && !other.used.load(ordering: .relaxed))
+            first.freeze()
+            try await waitUntil("connected through the other node", within: .seconds(15)) {
+                other.used.load(ordering: .relaxed) && client.isReady
+            }
+            try await client.withChannel { ch in
+                _ = try await ch.queueDeclare("", durable: false, exclusive: true, autoDelete: true)
+            }
+            await client.shutdown()
+        }
+
         @Test(arguments: [false, true])
         func aBrokerThatFallsSilentIsNoticedByItsMissedHeartbeats(whilePublishing: Bool) async throws {
             let proxy = try FreezingProxy(upstreamPort: UInt16(TestBroker.url.port))

@@ -9,6 +9,8 @@ final class FreezingProxy: Sendable {
     let port: UInt16
     private let listener: Int32
     private let frozen = Atomic<Bool>(false)
+    /// A client connected through it.
+    let used = Atomic<Bool>(false)
     private let stopped = Atomic<Bool>(false)
 
     init(upstreamPort: UInt16) throws {
@@ -29,6 +31,7 @@ final class FreezingProxy: Sendable {
         Thread.detachNewThread { [self] in
             let client = accept(fd, nil, nil)
             guard client >= 0 else { return }
+            used.store(true, ordering: .relaxed)
             var upstream = sockaddr_in()
             upstream.sin_family = sa_family_t(AF_INET)
             upstream.sin_addr.s_addr = inet_addr("127.0.0.1")

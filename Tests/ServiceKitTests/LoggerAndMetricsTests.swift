@@ -210,3 +210,19 @@ final class ReadyFlag: Sendable {
 }
 
 import Synchronization
+
+struct ClusterURLTests {
+    @Test func severalNodesCommaSeparated() throws {
+        let nodes = try ServiceConfiguration.nodes("amqp://u:p@rabbit-0:5672/fd, amqp://u:p@rabbit-1:5672/fd,amqps://u:p@rabbit-2:5671/fd")
+        #expect(nodes.map(\.host) == ["rabbit-0", "rabbit-1", "rabbit-2"])
+        #expect(nodes[2].port == 5671)
+        #expect(throws: UsageError.self) { try ServiceConfiguration.nodes("amqp://u:p@a/fd,,amqp://u:p@b/fd") }
+        #expect(throws: UsageError.self) { try ServiceConfiguration.nodes("amqp://u:p@a/fd,amqp://other:p@b/fd") }
+        #expect(throws: UsageError.self) { try ServiceConfiguration.nodes("amqp://u:p@a/fd,amqp://u:p@b/elsewhere") }
+        #expect(throws: UsageError.self) { try ServiceConfiguration.nodes("amqp://u:p@a/fd,nonsense") }
+        let values = OptionValues(values: ["AMQP_URL": "amqp://u:p@a/fd,amqp://u:p@b/fd"])
+        let c = try ServiceConfiguration(service: "t", values: values, defaultHTTPPort: 0, hostName: "h")
+        #expect(c.amqp.nodes.map(\.host) == ["a", "b"])
+        #expect(c.login == "u")
+    }
+}

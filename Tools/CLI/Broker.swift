@@ -1,19 +1,25 @@
 import AMQP
 import Foundation
+import ServiceKit
 
 /// The broker the CLI talks to: `--amqp-url`, else AMQP_URL, else the contract's default.
 func connect(_ args: Arguments, name: String) async throws -> AMQPConnection {
     let text = args.options["amqp-url"] ?? ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5672/%2f"
-    let url: AMQPURL
-    do { url = try AMQPURL(parsing: text) } catch { throw CLIUsageError(error.message) }
-    var configuration = AMQPConnectionConfiguration(url: url, connectionName: "frontdesk \(name)@\(ProcessInfo.processInfo.hostName)")
+    // One URL, or several nodes of a cluster comma-separated: the first that answers, in a shuffled order.
+    let nodes: [AMQPURL]
+    do { nodes = try ServiceConfiguration.nodes(text) } catch { throw CLIUsageError(error.message) }
+    var configuration = AMQPConnectionConfiguration(url: nodes[0], connectionName: "frontdesk \(name)@\(ProcessInfo.processInfo.hostName)")
     let env = ProcessInfo.processInfo.environment
     configuration.tls = .init(caFile: env["AMQP_CA_FILE"], certificateFile: env["AMQP_CERT_FILE"], keyFile: env["AMQP_KEY_FILE"])
-    do {
-        return try await AMQPConnection.connect(configuration)
-    } catch let error as AMQPError {
-        throw CLIRuntimeError("cannot reach the broker at \(url): \(error.message)")
+    var failures: [String] = []
+    for node in nodes.shuffled() {
+        do {
+            return try await AMQPConnection.connect(configuration.to(node))
+        } catch let error as AMQPError {
+            failures.append("\(node): \(error.message)")
+        }
     }
+    throw CLIRuntimeError("cannot reach the broker: \(failures.joined(separator: "; "))")
 }
 
 func publishCommand(_ connection: AMQPConnection, routingKey: String, body: [String: Any]) async throws {
