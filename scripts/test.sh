@@ -3,7 +3,7 @@
 # project-local broker (or reuses a running one), builds with warnings as
 # errors, runs the static checks (shellcheck, yamllint), the demo's
 # non-interactive check, the deploy check (least-privilege users, TLS),
-# every test, the browser, terminal and APNs tests, and short fuzz and chaos runs, and stops the broker it started even when tests fail.
+# every test, the browser, terminal, APNs and cluster tests, and short fuzz and chaos runs, and stops the broker it started even when tests fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -26,6 +26,8 @@ python3 Tests/Browser/live_activity_test.py
 python3 Tests/Terminal/dispatch_tty_test.py
 # frontdesk-pusher against an HTTP/2 APNs stand-in over TLS.
 python3 Tests/Pusher/pusher_test.py
+# On a local 3-node cluster: kill -9 a node mid-run, bring it back, kill another.
+python3 Tests/Cluster/cluster_test.py --dispatches 900 --rate 30
 # Short versions of the evidence runs (the full ones: README, Reliability).
 python3 scripts/evidence/fuzz.py --count 1000 --timeout 120
 python3 scripts/evidence/chaos.py --dispatches 1000 --rate 100 --timeout 240

@@ -18,8 +18,11 @@ ROUTES = os.path.join(REPO, "Shared", "FrontDeskModel", "Resources", "routes.exa
 
 
 def ctl(*args):
-    subprocess.run(["bash", os.path.join(REPO, "scripts", "broker.sh"), "ctl", *args],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """rabbitmqctl against the local broker (or, with FRONTDESK_CLUSTER=1, node 1 of the local cluster)."""
+    command = ["bash", os.path.join(REPO, "scripts", "broker.sh"), "ctl"]
+    if os.environ.get("FRONTDESK_CLUSTER") == "1":
+        command = ["bash", os.path.join(REPO, "scripts", "cluster.sh"), "ctl", "1"]
+    subprocess.run([*command, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 class Vhost:
@@ -29,7 +32,7 @@ class Vhost:
         self.name = f"frontdesk-{label}-{uuid.uuid4().hex[:6]}"
         ctl("add_vhost", self.name)
         ctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
-        self.url = BASE.rsplit("/", 1)[0] + "/" + self.name
+        self.url = ",".join(u.rsplit("/", 1)[0] + "/" + self.name for u in BASE.split(","))
 
     def delete(self):
         try:
@@ -80,9 +83,10 @@ def user_of(url):
 
 
 def connect(url, attempts=60):
+    """`url` may list several nodes of a cluster, comma-separated: pika tries each in turn."""
     for i in range(attempts):
         try:
-            return pika.BlockingConnection(pika.URLParameters(url + "?heartbeat=30"))
+            return pika.BlockingConnection([pika.URLParameters(u + "?heartbeat=30") for u in url.split(",")])
         except pika.exceptions.AMQPConnectionError:
             if i == attempts - 1:
                 raise

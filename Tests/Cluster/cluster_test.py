@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Front Desk on the local 3-node RabbitMQ cluster (scripts/cluster.sh): the
+router, two sender replicas and the agents get every node's address in
+AMQP_URL. In the middle of a run of dispatches, kill -9 the node with the
+most of the services' connections, bring it back, then kill another.
+Checks: every dispatch ends in exactly one terminal state, nothing is lost,
+seq only grows.
+
+    python3 Tests/Cluster/cluster_test.py [--dispatches 900] [--rate 30]
+
+Starts the cluster if it does not run (and stops it after).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CLUSTER = os.path.join(REPO, "scripts", "cluster.sh")
+os.environ["FRONTDESK_CLUSTER"] = "1"
+os.environ["FRONTDESK_TEST_AMQP_URL"] = ",".join(f"amqp://guest:guest@127.0.0.1:{p}/%2f" for p in (5691, 5692, 5693))
+sys.path.insert(0, os.path.join(REPO, "scripts", "evidence"))
+import harness  # noqa: E402
+import pika  # noqa: E402
+
+TARGETS = [("yemaya", "board-prep"), ("acme", "ops")]
+
+
+def cluster(*args):
+    return subprocess.run(["bash", CLUSTER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+class Agent(threading.Thread):
+    """Always online, answering at once; reconnects to any node when its node goes."""
+
+    def __init__(self, url, target):
+        super().__init__(daemon=True)
+        self.url, self.target, self.stopping = url, target, False
+
+    def run(self):
+        queue = "frontdesk.agent." + ".".join(self.target)
+        while not self.stopping:
+            try:
+                connection = harness.connect(self.url, attempts=4)
+                channel = connection.channel()
+                channel.basic_qos(prefetch_count=50)
+                for method, properties, body in channel.consume(queue, inactivity_timeout=0.2):
+                    if self.stopping:
+                        break
+                    if method is None:
+                        continue
+                    task = json.loads(body)
+                    channel.basic_publish("", properties.reply_to or "frontdesk.replies", json.dumps({
+                        "dispatchId": task["dispatchId"], "attempt": task["attempt"], "kind": "final", "text": "done"}).encode(),
+                        pika.BasicProperties(delivery_mode=2, content_type="application/json", correlation_id=task["dispatchId"]))
+                    channel.basic_ack(method.delivery_tag)
+                connection.close()
+            except (pika.exceptions.AMQPError, OSError):
+                time.sleep(0.3)
+
+
+def connections_by_node(vhost):
+    """How many of the vhost's connections each node holds (by the node's AMQP port)."""
+    for n in (1, 2, 3):
+        out = subprocess.run(["bash", CLUSTER, "ctl", str(n), "list_connections", "vhost", "port", "--silent"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            continue
+        counts = {}
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == vhost and parts[1].isdigit():
+                node = int(parts[1]) - 5690
+                counts[node] = counts.get(node, 0) + 1
+        return counts
+    return {}
+
+
+def chaos(vhost, begin, kills, first_at, gap):
+    """Kill -9 the node with the most of the run's connections, bring it back, then another."""
+    time.sleep(max(0, begin + first_at - time.time()))
+    spared = set()
+    for which in ("first", "second"):
+        counts = connections_by_node(vhost)
+        node = max((n for n in (1, 2, 3) if n not in spared), key=lambda n: counts.get(n, 0))
+        cluster("kill", str(node))
+        kills.append((which, node, counts.get(node, 0), round(time.time() - begin, 1)))
+        spared.add(node)
+        time.sleep(2)
+        cluster("start")  # back, and every node running, before the next
+        kills.append((f"{which} back", node, None, round(time.time() - begin, 1)))
+        time.sleep(gap)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dispatches", type=int, default=900)
+    parser.add_argument("--rate", type=float, default=30)
+    args = parser.parse_args()
+    started = cluster("status").returncode != 0
+    if started:
+        result = cluster("start")
+        if result.returncode != 0:
+            print("cluster: cannot start the local cluster:", result.stderr[-500:])
+            sys.exit(1)
+    logs = tempfile.mkdtemp(prefix="frontdesk-cluster-")
+    vhost = harness.Vhost("cluster")
+    env = {"FRONTDESK_RETRY_BASE_MS": "200", "FRONTDESK_RETRY_MAX_MS": "2000", "FRONTDESK_REPLY_TIMEOUT_S": "10",
+           "FRONTDESK_MAX_ATTEMPTS": "20"}
+    services = [harness.Service("frontdesk-router", vhost.url, 9501, logs, env)] + \
+               [harness.Service("frontdesk-sender", vhost.url, 9502 + i, logs, env) for i in range(2)]
+    agents, failed = [], False
+    try:
+        for s in services:
+            s.start()
+        time.sleep(3)  # let the services declare the topology before the subscriber binds
+        status = harness.StatusSubscriber(vhost.url)
+        status.start()
+        agents = [Agent(vhost.url, t) for t in TARGETS]
+        for a in agents:
+            a.start()
+        ids = [f"cl-{i}" for i in range(args.dispatches)]
+        kills = []
+        begin = time.time()
+        killer = threading.Thread(target=chaos, args=(vhost.name, begin, kills, args.dispatches / args.rate * 0.2, 2), daemon=True)
+        killer.start()
+        publisher = harness.connect(vhost.url)
+        channel = publisher.channel()
+        channel.confirm_delivery()
+        for k, dispatch_id in enumerate(ids):
+            delay = begin + k / args.rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            target = TARGETS[k % len(TARGETS)]
+            body = json.dumps({"id": dispatch_id, "input": f"cluster run {k}", "project": target[0], "target": target[1]}).encode()
+            while True:  # the same id again after a failure: the router de-duplicates
+                try:
+                    channel.basic_publish("frontdesk.commands", "dispatch.request", body,
+                                          pika.BasicProperties(content_type="application/json", delivery_mode=2))
+                    break
+                except (pika.exceptions.AMQPError, OSError):
+                    time.sleep(0.2)
+                    try:
+                        publisher = harness.connect(vhost.url)
+                        channel = publisher.channel()
+                        channel.confirm_delivery()
+                    except (pika.exceptions.AMQPError, OSError):
+                        pass
+        killer.join(timeout=120)
+        deadline = time.time() + 240
+        while status.terminal(ids) < len(ids) and time.time() < deadline:
+            time.sleep(0.5)
+        tallies, problems = harness.check_histories(status.snapshot(), ids)
+        crashed = [s.executable for s in services if s.crashed()]
+        print(f"cluster: {len(ids)} dispatches at {args.rate}/s over 3 nodes; kills (which, node, its connections, at s): {kills}")
+        print(f"cluster: {tallies}; problems: {len(problems)}; services that exited on their own: {crashed or 'none'}")
+        for p in problems[:10]:
+            print("  " + p)
+        failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 4
+        print("cluster: " + ("FAIL" if failed else "passed — one terminal state each, none lost, seq only grew"))
+    finally:
+        for a in agents:
+            a.stopping = True
+        for s in services:
+            s.stop()
+        cluster("start")  # every node back before the vhost goes
+        vhost.delete()
+        if started:
+            cluster("stop")
+    if failed:
+        print(f"cluster: logs in {logs}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

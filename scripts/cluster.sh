@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# A local 3-node RabbitMQ cluster on one machine, from Debian's rabbitmq-server:
+# nodes frontdesk-c1, -c2 and -c3 @localhost, each with its own ports and data
+# folder (owned by the rabbitmq user, under /var/tmp), the same plugins as the
+# single local broker. Quorum queues and streams declared once the cluster has
+# formed are replicated over all three.
+#
+#   scripts/cluster.sh start        start the nodes that are down and join them (data kept)
+#   scripts/cluster.sh stop         stop every node
+#   scripts/cluster.sh kill NODE    kill -9 one node (1, 2 or 3)
+#   scripts/cluster.sh status       exit 0 while all three run
+#   scripts/cluster.sh env          print AMQP_URL with every node's address
+#   scripts/cluster.sh ctl NODE ... rabbitmqctl against one node
+#   scripts/cluster.sh wipe         stop, and remove the data folders
+#
+# Ports: AMQP 5691–5693, Erlang distribution 25691–25693.
+set -euo pipefail
+
+BASE=${FRONTDESK_CLUSTER_DIR:-/var/tmp/frontdesk-cluster}
+NODES=(1 2 3)
+
+log() { printf 'cluster: %s\n' "$*" >&2; }
+name() { echo "frontdesk-c$1@localhost"; }
+port() { echo $((5690 + $1)); }
+ctl() { local n=$1; shift; RABBITMQ_NODENAME="$(name "$n")" rabbitmqctl -n "$(name "$n")" "$@"; }
+running() { ctl "$1" status >/dev/null 2>&1; }
+
+write_config() {
+  local n=$1 dir="$BASE/node$1"
+  mkdir -p "$dir/mnesia" "$dir/log"
+  cat > "$dir/rabbitmq.conf" <<CONF
+listeners.tcp.default = 127.0.0.1:$(port "$n")
+loopback_users = none
+event_exchange.vhost = /
+log.file.level = warning
+log.console = false
+cluster_partition_handling = pause_minority
+CONF
+  echo '[rabbitmq_event_exchange,rabbitmq_consistent_hash_exchange].' > "$dir/enabled_plugins"
+}
+
+start_node() {
+  local n=$1 dir="$BASE/node$1"
+  if running "$n"; then return 0; fi
+  write_config "$n"
+  chown -R rabbitmq:rabbitmq "$BASE"
+  log "starting $(name "$n") (AMQP $(port "$n"))"
+  (
+    for fd in /proc/self/fd/*; do
+      k=${fd##*/}
+      [ "$k" -gt 2 ] 2>/dev/null && eval "exec $k>&-" 2>/dev/null
+    done
+    exec env \
+      RABBITMQ_NODENAME="$(name "$n")" \
+      RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+      RABBITMQ_NODE_PORT="$(port "$n")" \
+      RABBITMQ_DIST_PORT=$((25690 + n)) \
+      RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
+      RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
+      RABBITMQ_MNESIA_BASE="$dir/mnesia" \
+      RABBITMQ_LOG_BASE="$dir/log" \
+      RABBITMQ_PID_FILE="$dir/pid" \
+      setsid nohup rabbitmq-server > "$dir/log/console.log" 2>&1 < /dev/null
+  ) &
+}
+
+await_node() {
+  local n=$1
+  for _ in $(seq 1 120); do
+    ctl "$n" await_startup --timeout 2 >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  log "$(name "$n") did not start within 60 s; see $BASE/node$n/log"
+  exit 1
+}
+
+member() {  # member N: node N is in node 1's cluster
+  ctl 1 cluster_status --formatter json 2>/dev/null | python3 -c \
+    "import json, sys; print('yes' if '$(name "$1")' in json.load(sys.stdin).get('disk_nodes', []) else 'no')" 2>/dev/null | grep -q yes
+}
+
+start() {
+  command -v rabbitmq-server >/dev/null || { log "rabbitmq-server is not installed"; exit 1; }
+  for n in "${NODES[@]}"; do start_node "$n"; done
+  for n in "${NODES[@]}"; do await_node "$n"; done
+  for n in 2 3; do
+    if ! member "$n"; then
+      log "joining $(name "$n") to $(name 1)"
+      ctl "$n" stop_app >/dev/null 2>&1
+      ctl "$n" reset >/dev/null 2>&1
+      ctl "$n" join_cluster "$(name 1)" >/dev/null 2>&1
+      ctl "$n" start_app >/dev/null 2>&1
+    fi
+  done
+  log "ready: $(name 1), $(name 2), $(name 3)"
+}
+
+stop() {
+  for n in "${NODES[@]}"; do
+    if running "$n"; then ctl "$n" stop >/dev/null 2>&1 || true; log "stopped $(name "$n")"; fi
+  done
+}
+
+kill_node() {
+  local n=$1
+  [[ " ${NODES[*]} " == *" $n "* ]] || { echo "usage: $0 kill 1|2|3" >&2; exit 2; }
+  local pid
+  pid="$(cat "$BASE/node$n/pid" 2>/dev/null || true)"
+  [ -n "$pid" ] || pid="$(pgrep -f "beam.*-sname $(name "$n" | cut -d@ -f1)" | head -n1 || true)"
+  [ -n "$pid" ] || { log "$(name "$n") does not run"; exit 1; }
+  kill -9 "$pid"
+  log "killed $(name "$n") (pid $pid)"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  kill) kill_node "${2:-}" ;;
+  status) for n in "${NODES[@]}"; do running "$n" || exit 1; done ;;
+  env) echo "export AMQP_URL=$(printf 'amqp://guest:guest@127.0.0.1:%s/%%2f,' 5691 5692 5693 | sed 's/,$//')" ;;
+  ctl) n=${2:-}; shift 2; ctl "$n" "$@" ;;
+  wipe) stop; rm -rf "$BASE" ;;
+  *) echo "usage: $0 start|stop|kill NODE|status|env|ctl NODE ARGS|wipe" >&2; exit 2 ;;
+esac
