@@ -8,7 +8,8 @@ import Synchronization
 /// the leader (the single consumer of `frontdesk.sender.leader`, dropped by
 /// the broker with its connection), replay the remembered commands, then
 /// run a `SenderTerm` until the connection fails. Standby replicas look
-/// every second.
+/// every `standbyPoll`, so that a new leader takes over well within a second
+/// of the old one's connection ending.
 final class SenderService: Service {
     let configuration: ServiceConfiguration
     let table: RoutingTable
@@ -38,15 +39,24 @@ final class SenderService: Service {
         await connection?.close()
     }
 
+    /// How often a standby replica asks whether the leader is still there.
+    static let standbyPoll = Duration.milliseconds(100)
+
     func run() async throws {
         let backoff = Backoff(baseMs: 200, maxMs: 5000)
         var failures = 0
+        // Every node of AMQP_URL, in a shuffled order: after a failure or a lost
+        // connection the next; a back-off only once each has failed in a row.
+        let nodes = configuration.amqp.nodes.shuffled()
+        var next = 0
         while !stopping {
             do {
-                try await term()
+                try await term(configuration.amqp.to(nodes[next % nodes.count]))
                 failures = 0
+                next += 1
             } catch {
                 failures += 1
+                next += 1
                 state.withLock { s in
                     if (error as? AMQPError)?.code == .connectionBlocked || s.connection?.blockedReason != nil { s.blocked = true }
                 }
@@ -59,12 +69,15 @@ final class SenderService: Service {
                 s.ready = false
             }
             metrics.leader.set(0)
-            if !stopping { try? await Task.sleep(for: .milliseconds(backoff.delayMs(afterAttempt: max(1, failures)))) }
+            let roundFailed = failures > 0 && failures % nodes.count == 0
+            if !stopping, nodes.count == 1 || roundFailed {
+                try? await Task.sleep(for: .milliseconds(backoff.delayMs(afterAttempt: max(1, failures / nodes.count))))
+            }
         }
     }
 
-    private func term() async throws {
-        let connection = try await AMQPConnection.connect(configuration.amqp)
+    private func term(_ amqp: AMQPConnectionConfiguration) async throws {
+        let connection = try await AMQPConnection.connect(amqp)
         let proceed = state.withLock { s -> Bool in
             s.connection = connection
             return !s.stopping
@@ -73,7 +86,7 @@ final class SenderService: Service {
         guard proceed else { return }
         try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table) }
         state.withLock { $0.ready = true }
-        logger.info("connected; waiting to lead", [("broker", .string("\(configuration.amqp.url)"))])
+        logger.info("connected; waiting to lead", [("broker", .string("\(amqp.url)"))])
         // Leadership: one consumer on frontdesk.sender.leader. RabbitMQ 3.10
         // does not enforce `exclusive` for a quorum queue's consumers (a second
         // one is granted while the first consumes: seen by the chaos run), so
@@ -90,14 +103,14 @@ final class SenderService: Service {
             }
             guard try await consumers() == 0 else {
                 await channel.close()
-                try await Task.sleep(for: .seconds(1))
+                try await Task.sleep(for: Self.standbyPoll)
                 continue
             }
             let consumer: AMQPConsumer
             do {
                 consumer = try await channel.consume(queue: SenderTopology.leader, exclusive: true)
             } catch let error as AMQPError where error.code == .channelClosed {
-                try await Task.sleep(for: .seconds(1))  // a broker that does enforce exclusive: someone leads
+                try await Task.sleep(for: Self.standbyPoll)  // a broker that does enforce exclusive: someone leads
                 continue
             }
             if try await consumers() > 1 {
@@ -143,8 +156,10 @@ final class SenderService: Service {
         }
     }
 
-    /// How long a new term waits for a dead leader's last events to reach the log.
-    static let takeoverGrace = Duration.seconds(1)
+    /// How long a new term waits for a dead leader's last events to reach the
+    /// log: the broker has its frames once its connection is seen gone, so
+    /// this covers their routing to the stream, not the network.
+    static let takeoverGrace = Duration.milliseconds(250)
 
     /// Reads the status log from the lifetime window's start up to a marker of
     /// our own, waits for a dead leader's last events to land, reads to a
