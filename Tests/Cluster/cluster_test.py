@@ -4,7 +4,10 @@ router, two sender replicas and the agents get every node's address in
 AMQP_URL. In the middle of a run of dispatches, kill -9 the node with the
 most of the services' connections, bring it back, then kill another.
 Checks: every dispatch ends in exactly one terminal state, nothing is lost,
-seq only grows.
+nothing follows the end, one state per seq. Events that arrive after a higher
+seq of their dispatch are counted and printed, not failed: when a node dies
+under the router's window, the router publishes its events again after the
+sender's (surfaces drop them, as the contract says).
 
     python3 Tests/Cluster/cluster_test.py [--dispatches 900] [--rate 30]
 
@@ -155,14 +158,17 @@ def main():
         deadline = time.time() + 240
         while status.terminal(ids) < len(ids) and time.time() < deadline:
             time.sleep(0.5)
-        tallies, problems = harness.check_histories(status.snapshot(), ids)
+        late = []
+        tallies, problems = harness.check_histories(status.snapshot(), ids, late=late)
         crashed = [s.executable for s in services if s.crashed()]
         print(f"cluster: {len(ids)} dispatches at {args.rate}/s over 3 nodes; kills (which, node, its connections, at s): {kills}")
         print(f"cluster: {tallies}; problems: {len(problems)}; services that exited on their own: {crashed or 'none'}")
+        print(f"cluster: events that arrived after a higher seq of their dispatch (surfaces drop them): {len(late)} "
+              f"{late[:3] if late else ''}")
         for p in problems[:10]:
             print("  " + p)
         failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 4
-        print("cluster: " + ("FAIL" if failed else "passed — one terminal state each, none lost, seq only grew"))
+        print("cluster: " + ("FAIL" if failed else "passed — one terminal state each, none lost, no seq with two states"))
     finally:
         for a in agents:
             a.stopping = True
