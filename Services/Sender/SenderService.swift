@@ -87,6 +87,11 @@ final class SenderService: Service {
         try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table) }
         state.withLock { $0.ready = true }
         logger.info("connected; waiting to lead", [("broker", .string("\(amqp.url)"))])
+        // A warm standby: the status log is read from the lifetime window's
+        // start while this replica waits, so that taking over reads only its
+        // tail (with a long log, reading it all at takeover took seconds).
+        let logReader = try await StatusLogReader.start(
+            connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds)
         // Leadership: one consumer on frontdesk.sender.leader. RabbitMQ 3.10
         // does not enforce `exclusive` for a quorum queue's consumers (a second
         // one is granted while the first consumes: seen by the chaos run), so
@@ -141,7 +146,7 @@ final class SenderService: Service {
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
         state.withLock { $0.blocked = false }  // its marker was published and confirmed
-        let statusLog = try await readStatusLog(connection, publisher)
+        let statusLog = try await logReader.finish(publisher: publisher, grace: Self.takeoverGrace)
         let term = SenderTerm(
             connection: connection, publisher: publisher, table: table,
             policy: RetryPolicy(
@@ -160,51 +165,6 @@ final class SenderService: Service {
     /// log: the broker has its frames once its connection is seen gone, so
     /// this covers their routing to the stream, not the network.
     static let takeoverGrace = Duration.milliseconds(250)
-
-    /// Reads the status log from the lifetime window's start up to a marker of
-    /// our own, waits for a dead leader's last events to land, reads to a
-    /// second marker, and stops: from then on this term is the only sender
-    /// publishing (leadership is the leader queue's single consumer), and it
-    /// notes its own events in the log as they are confirmed. The router's
-    /// later events need no reading: a hand-off it sends again within this
-    /// term is caught by the entry the term marks accepted. (Following the log for
-    /// the whole term cost ~15% of the sender's CPU, four deliveries a dispatch.)
-    private func readStatusLog(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> StatusLog {
-        let log = StatusLog(writer: configuration.login)
-        let channel = try await connection.openChannel()
-        try await channel.qos(prefetchCount: 2000)
-        let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(UInt64(clamping: configuration.lifetimeSeconds) &+ 60)
-        let consumer = try await channel.consume(queue: SenderTopology.statusLog, arguments: ["x-stream-offset": .timestamp(since)])
-        let lifetime = configuration.lifetimeSeconds
-        let reader = Task {
-            var count = 0
-            do {
-                for try await d in consumer {
-                    log.ingest(d)
-                    count += 1
-                    if count % 100 == 0 { try? d.ack(multiple: true) }
-                    if count % 50_000 == 0 { log.prune(olderThan: lifetime + SenderTerm.pruneMarginSeconds) }
-                }
-            } catch {}
-        }
-        func readToMarker() async throws {
-            let marker = "marker-\(UUID().uuidString)"
-            try await publisher.publish(OutboundMessage(
-                exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
-                properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: configuration.login)))
-            await log.waitFor(marker: marker)
-        }
-        try await readToMarker()
-        // A leader killed a moment ago may have events still inside the broker
-        // (published, not yet routed to the log) when our marker lands: a
-        // terminal one among them would make its dispatch look unfinished.
-        // Give them time to land, then read to a second marker.
-        try await Task.sleep(for: Self.takeoverGrace)
-        try await readToMarker()
-        await channel.close()
-        await reader.value
-        return log
-    }
 
     /// Reads the commands stream to its end (marked by a message of our own).
     private func replayCommands(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> [SenderCommand] {
@@ -230,5 +190,93 @@ final class SenderService: Service {
             }
         }
         return commands
+    }
+}
+
+/// Reads the status log from the lifetime window's start for as long as the
+/// replica stands by; `finish` reads up to a marker of our own, waits for a
+/// dead leader's last events to land, reads to a second marker, and stops:
+/// from then on this term is the only sender publishing (leadership is the
+/// leader queue's single consumer), and it notes its own events in the log as
+/// they are confirmed. The router's later events need no reading: a hand-off
+/// it sends again within this term is caught by the entry the term marks
+/// accepted. (Following the log for the whole term cost ~15% of the leader's
+/// CPU, four deliveries a dispatch; a standby has the CPU to spare.)
+final class StatusLogReader: Sendable {
+    /// How long `finish` waits for a marker before it gives up (the term then ends).
+    static let markerTimeout = Duration.seconds(60)
+
+    final class Flag: Sendable {
+        let value = Atomic<Bool>(false)
+    }
+
+    let log: StatusLog
+    private let channel: AMQPChannel
+    private let reader: Task<Void, Never>
+    private let login: String
+    /// Set when the reader stopped (its consumer or channel ended).
+    private let ended: Flag
+
+    private init(log: StatusLog, channel: AMQPChannel, reader: Task<Void, Never>, login: String, ended: Flag) {
+        self.log = log
+        self.channel = channel
+        self.reader = reader
+        self.login = login
+        self.ended = ended
+    }
+
+    static func start(_ connection: AMQPConnection, login: String, lifetimeSeconds: Int) async throws -> StatusLogReader {
+        let log = StatusLog(writer: login)
+        let channel = try await connection.openChannel()
+        try await channel.qos(prefetchCount: 2000)
+        let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(UInt64(clamping: lifetimeSeconds) &+ 60)
+        let consumer = try await channel.consume(queue: SenderTopology.statusLog, arguments: ["x-stream-offset": .timestamp(since)])
+        let ended = Flag()
+        let reader = Task {
+            defer { ended.value.store(true, ordering: .releasing) }
+            var count = 0
+            do {
+                for try await d in consumer {
+                    log.ingest(d)
+                    count += 1
+                    if count % 100 == 0 { try? d.ack(multiple: true) }
+                    if count % 50_000 == 0 { log.prune(olderThan: lifetimeSeconds + SenderTerm.pruneMarginSeconds) }
+                }
+            } catch {}
+        }
+        return StatusLogReader(log: log, channel: channel, reader: reader, login: login, ended: ended)
+    }
+
+    func finish(publisher: AMQPChannel, grace: Duration) async throws -> StatusLog {
+        guard !ended.value.load(ordering: .acquiring) else {
+            throw AMQPError(.consumerCancelled, "the status log stopped being read while this replica stood by")
+        }
+        let login = login, log = log
+        func readToMarker() async throws {
+            let marker = "marker-\(UUID().uuidString)"
+            try await publisher.publish(OutboundMessage(
+                exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
+                properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: login)))
+            // A reader that stopped while standing by (its consumer cancelled) never
+            // reads the marker: the wait gives up, and the term ends rather than lead blind.
+            let timeout = Task {
+                try? await Task.sleep(for: Self.markerTimeout)
+                log.giveUp(marker: marker)
+            }
+            defer { timeout.cancel() }
+            guard await log.waitFor(marker: marker) else {
+                throw AMQPError(.timeout, "the status log was not read to its end within \(Self.markerTimeout)")
+            }
+        }
+        try await readToMarker()
+        // A leader killed a moment ago may have events still inside the broker
+        // (published, not yet routed to the log) when our marker lands: a
+        // terminal one among them would make its dispatch look unfinished.
+        // Give them time to land, then read to a second marker.
+        try await Task.sleep(for: grace)
+        try await readToMarker()
+        await channel.close()
+        await reader.value
+        return log
     }
 }

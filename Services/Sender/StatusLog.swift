@@ -40,7 +40,7 @@ final class StatusLog: Sendable {
         /// what a cancel or reroute needs to act at once, without the copy
         /// that sits in a park or delay queue.
         var waiting: [String: Data] = [:]
-        var markers: [String: CheckedContinuation<Void, Never>] = [:]
+        var markers: [String: CheckedContinuation<Bool, Never>] = [:]
         var arrivedMarkers: Set<String> = []
     }
 
@@ -114,12 +114,12 @@ final class StatusLog: Sendable {
             return
         }
         if d.properties.type == Self.markerType, d.routingKey == Self.stream, let marker = d.properties.messageID {
-            let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            let waiter = state.withLock { s -> CheckedContinuation<Bool, Never>? in
                 if let w = s.markers.removeValue(forKey: marker) { return w }
                 s.arrivedMarkers.insert(marker)
                 return nil
             }
-            waiter?.resume()
+            waiter?.resume(returning: true)
             return
         }
         // Status events come through the status exchange, where only the services publish.
@@ -151,15 +151,21 @@ final class StatusLog: Sendable {
     }
 
     /// Waits until the marker published with this id has been read.
-    func waitFor(marker: String) async {
-        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+    /// Waits until `marker` has been read; false when `giveUp(marker:)` came first.
+    func waitFor(marker: String) async -> Bool {
+        await withCheckedContinuation { (c: CheckedContinuation<Bool, Never>) in
             let arrived = state.withLock { s -> Bool in
                 if s.arrivedMarkers.remove(marker) != nil { return true }
                 s.markers[marker] = c
                 return false
             }
-            if arrived { c.resume() }
+            if arrived { c.resume(returning: true) }
         }
+    }
+
+    /// Ends a wait for `marker` that has not been read (the reader stopped, or took too long).
+    func giveUp(marker: String) {
+        state.withLock { $0.markers.removeValue(forKey: marker) }?.resume(returning: false)
     }
 
     /// Forgets dispatches not heard of for `seconds`.
