@@ -41,6 +41,12 @@ final class SenderService: Service {
 
     /// How often a standby replica asks whether the leader is still there.
     static let standbyPoll = Duration.milliseconds(100)
+    /// How often a leader checks that it is still the only one (a consumer the
+    /// broker briefly counted as down comes back: then both step down).
+    static let leaderCheck = Duration.seconds(1)
+    /// A term shorter than this counts as a failure for the back-off (a node
+    /// that accepts and drops connections must not drive a tight loop).
+    static let shortTerm = Duration.seconds(5)
 
     func run() async throws {
         let backoff = Backoff(baseMs: 200, maxMs: 5000)
@@ -50,9 +56,10 @@ final class SenderService: Service {
         let nodes = configuration.amqp.nodes.shuffled()
         var next = 0
         while !stopping {
+            let began = ContinuousClock.now
             do {
                 try await term(configuration.amqp.to(nodes[next % nodes.count]))
-                failures = 0
+                failures = ContinuousClock.now - began < Self.shortTerm && !stopping ? failures + 1 : 0
                 next += 1
             } catch {
                 failures += 1
@@ -92,6 +99,12 @@ final class SenderService: Service {
         // tail (with a long log, reading it all at takeover took seconds).
         let logReader = try await StatusLogReader.start(
             connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds)
+        // A standby also makes sure its reader still reads (on 3.10 a stream
+        // consumer can hang without a cancel when its stream member restarts):
+        // a probe marker every `probeInterval`, read back within it, or the term ends.
+        let probes = try await connection.openChannel()
+        try await probes.confirmSelect()
+        var lastProbe = ContinuousClock.now
         // Leadership: one consumer on frontdesk.sender.leader. RabbitMQ 3.10
         // does not enforce `exclusive` for a quorum queue's consumers (a second
         // one is granted while the first consumes: seen by the chaos run), so
@@ -102,6 +115,10 @@ final class SenderService: Service {
         var leadership: AMQPConsumer?
         while leadership == nil {
             if stopping || !connection.isOpen { return }
+            if ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
+                try await logReader.probe(publisher: probes)
+                lastProbe = .now
+            }
             let channel = try await connection.openChannel()
             func consumers() async throws -> UInt32 {
                 try await channel.queueDeclare(SenderTopology.leader, passive: true).consumerCount
@@ -132,6 +149,7 @@ final class SenderService: Service {
         // the term at once (closing the connection returns every lease), so
         // that two senders never publish for the same dispatches.
         let leader = leadership!
+        await probes.close()
         let watch = Task { [logger] in
             do { for try await _ in leader {} } catch {}
             if !Task.isCancelled && !self.stopping {
@@ -140,13 +158,35 @@ final class SenderService: Service {
             }
         }
         defer { watch.cancel() }
+        // While it leads, the count stays one: a second consumer (another
+        // sender that saw 0 while the broker briefly counted this one as down)
+        // makes both step down and ask again.
+        let recount = Task { [logger] in
+            while !Task.isCancelled, !self.stopping, connection.isOpen {
+                try? await Task.sleep(for: Self.leaderCheck)
+                let count: UInt32
+                do {
+                    count = try await connection.withChannel { try await $0.queueDeclare(SenderTopology.leader, passive: true).consumerCount }
+                } catch {
+                    logger.debug("cannot count the leader queue's consumers", [("error", .string("\(error)"))])
+                    continue
+                }
+                logger.debug("leader queue consumers", [("count", .int(Int(count)))])
+                if count > 1 {
+                    logger.warning("another sender consumes the leader queue; stepping down", [("consumers", .int(Int(count)))])
+                    await connection.close()
+                    return
+                }
+            }
+        }
+        defer { recount.cancel() }
         metrics.leader.set(1)
         logger.info("leading")
         let publisher = try await connection.openChannel()
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
         state.withLock { $0.blocked = false }  // its marker was published and confirmed
-        let statusLog = try await logReader.finish(publisher: publisher, grace: Self.takeoverGrace)
+        let statusLog = try await logReader.finish(publisher: publisher, grace: takeoverGrace)
         let term = SenderTerm(
             connection: connection, publisher: publisher, table: table,
             policy: RetryPolicy(
@@ -162,9 +202,21 @@ final class SenderService: Service {
     }
 
     /// How long a new term waits for a dead leader's last events to reach the
-    /// log: the broker has its frames once its connection is seen gone, so
-    /// this covers their routing to the stream, not the network.
-    static let takeoverGrace = Duration.milliseconds(250)
+    /// log. On one node the broker has routed a dead connection's last
+    /// publishes once its consumer is seen gone, so a short wait covers the
+    /// stream's own write. On a cluster (several nodes in AMQP_URL) nothing
+    /// orders the dead channel's publish to the stream's node against its
+    /// consumer's removal on the queue's node: a second. Both can be set with
+    /// FRONTDESK_TAKEOVER_GRACE_MS.
+    static let takeoverGraceOneNode = Duration.milliseconds(250)
+    static let takeoverGraceCluster = Duration.seconds(1)
+
+    var takeoverGrace: Duration {
+        if let ms = ProcessInfo.processInfo.environment["FRONTDESK_TAKEOVER_GRACE_MS"].flatMap(Int.init), (0...60_000).contains(ms) {
+            return .milliseconds(ms)
+        }
+        return configuration.amqp.alternates.isEmpty ? Self.takeoverGraceOneNode : Self.takeoverGraceCluster
+    }
 
     /// Reads the commands stream to its end (marked by a message of our own).
     private func replayCommands(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> [SenderCommand] {
@@ -203,8 +255,10 @@ final class SenderService: Service {
 /// accepted. (Following the log for the whole term cost ~15% of the leader's
 /// CPU, four deliveries a dispatch; a standby has the CPU to spare.)
 final class StatusLogReader: Sendable {
-    /// How long `finish` waits for a marker before it gives up (the term then ends).
-    static let markerTimeout = Duration.seconds(60)
+    /// A wait for a marker gives up once the reader has taken nothing for this long.
+    static let stallTimeout: TimeInterval = 30
+    /// How often a standby checks that its reader still reads.
+    static let probeInterval = Duration.seconds(10)
 
     final class Flag: Sendable {
         let value = Atomic<Bool>(false)
@@ -233,7 +287,10 @@ final class StatusLogReader: Sendable {
         let consumer = try await channel.consume(queue: SenderTopology.statusLog, arguments: ["x-stream-offset": .timestamp(since)])
         let ended = Flag()
         let reader = Task {
-            defer { ended.value.store(true, ordering: .releasing) }
+            defer {
+                ended.value.store(true, ordering: .releasing)
+                log.giveUpAll()  // no marker will be read any more
+            }
             var count = 0
             do {
                 for try await d in consumer {
@@ -247,34 +304,46 @@ final class StatusLogReader: Sendable {
         return StatusLogReader(log: log, channel: channel, reader: reader, login: login, ended: ended)
     }
 
-    func finish(publisher: AMQPChannel, grace: Duration) async throws -> StatusLog {
+    /// Publishes a marker and waits until the reader has read it. It gives up
+    /// when the reader stopped, or has taken nothing for `stallTimeout` (a
+    /// long backlog is fine as long as it moves).
+    private func readToMarker(_ publisher: AMQPChannel) async throws {
         guard !ended.value.load(ordering: .acquiring) else {
-            throw AMQPError(.consumerCancelled, "the status log stopped being read while this replica stood by")
+            throw AMQPError(.consumerCancelled, "the status log stopped being read")
         }
-        let login = login, log = log
-        func readToMarker() async throws {
-            let marker = "marker-\(UUID().uuidString)"
-            try await publisher.publish(OutboundMessage(
-                exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
-                properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: login)))
-            // A reader that stopped while standing by (its consumer cancelled) never
-            // reads the marker: the wait gives up, and the term ends rather than lead blind.
-            let timeout = Task {
-                try? await Task.sleep(for: Self.markerTimeout)
-                log.giveUp(marker: marker)
-            }
-            defer { timeout.cancel() }
-            guard await log.waitFor(marker: marker) else {
-                throw AMQPError(.timeout, "the status log was not read to its end within \(Self.markerTimeout)")
+        let marker = "marker-\(UUID().uuidString)"
+        let log = log
+        try await publisher.publish(OutboundMessage(
+            exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
+            properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: login)))
+        let watchdog = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(1))
+                if Date().timeIntervalSince1970 - log.lastIngest.load(ordering: .relaxed) > Self.stallTimeout {
+                    log.giveUp(marker: marker)
+                    return
+                }
             }
         }
-        try await readToMarker()
+        defer { watchdog.cancel() }
+        guard await log.waitFor(marker: marker) else {
+            throw AMQPError(.timeout, "the status log reader stopped making progress")
+        }
+    }
+
+    /// A standby's check that its reader still reads: a marker, read back.
+    func probe(publisher: AMQPChannel) async throws {
+        try await readToMarker(publisher)
+    }
+
+    func finish(publisher: AMQPChannel, grace: Duration) async throws -> StatusLog {
+        try await readToMarker(publisher)
         // A leader killed a moment ago may have events still inside the broker
         // (published, not yet routed to the log) when our marker lands: a
         // terminal one among them would make its dispatch look unfinished.
         // Give them time to land, then read to a second marker.
         try await Task.sleep(for: grace)
-        try await readToMarker()
+        try await readToMarker(publisher)
         await channel.close()
         await reader.value
         return log

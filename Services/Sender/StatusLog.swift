@@ -99,7 +99,21 @@ final class StatusLog: Sendable {
         }
     }
 
+    /// When the reader last took a message (seconds since 1970): a wait for a
+    /// marker gives up only once the reader stops making progress.
+    let lastIngest = Atomic<Double>(Date().timeIntervalSince1970)
+
+    /// Ends every wait for a marker (the reader stopped: none will come).
+    func giveUpAll() {
+        let waiting = state.withLock { s -> [CheckedContinuation<Bool, Never>] in
+            defer { s.markers = [:] }
+            return Array(s.markers.values)
+        }
+        for w in waiting { w.resume(returning: false) }
+    }
+
     func ingest(_ d: AMQPDelivery) {
+        lastIngest.store(Date().timeIntervalSince1970, ordering: .relaxed)
         // Waiting records and markers are published straight to the stream
         // (routing key = its name); anything routed in from the status
         // exchange is a status event, whatever its type says.
