@@ -45,10 +45,7 @@ def token(i):
     return f"bench-token-{i % USERS}"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = harness.free_port
 
 
 def at_ms(event):
@@ -185,17 +182,7 @@ def main():
     try:
         for s in services:
             s.start()
-        deadline = time.time() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{gateway.port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise SystemExit("the gateway did not become ready")
-            time.sleep(0.1)
+        harness.wait("the gateway to be ready", lambda: harness.ready(gateway.port))
         ids = [f"gb-{i}" for i in range(n)]
         for i, dispatch_id in enumerate(ids):
             post(gw_port, {"id": dispatch_id, "input": "review the contract", "project": "acme", "target": "legal"}, i)

@@ -82,19 +82,7 @@ do {
     bootstrap.logger.error("cannot serve the API", [("port", .int(port)), ("error", .string("\(error)"))])
     exit(1)
 }
-let probes: HTTPServer?
-if configuration.httpPort != 0 {
-    do {
-        probes = try HTTPServer(
-            port: configuration.httpPort,
-            handler: ProbeRoutes.handler(isReady: { gateway.isReady }, metrics: bootstrap.metrics))
-    } catch {
-        bootstrap.logger.error("cannot serve probes", [("error", .string("\(error)"))])
-        exit(1)
-    }
-} else {
-    probes = nil
-}
+let probes = bootstrap.startProbes(isReady: { gateway.isReady })
 bootstrap.logger.info("starting", [
     ("broker", .string("\(configuration.amqp.url)")),
     ("port", .int(api.port)),

@@ -1,6 +1,7 @@
 import CCrypto
 import CCurl
 import Foundation
+import ServiceKit
 import Synchronization
 
 /// HTTP/2 POSTs to APNs through libcurl (`Shared/CCurl`): one thread of its
@@ -33,7 +34,7 @@ final class APNsClient: Sendable {
             box.toOpaque(), &error, error.count)
         guard let started else {
             box.release()
-            throw PusherError(String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            throw PusherError(String(cBuffer: error))
         }
         self.box = box
         client = Mutex(Int(bitPattern: UnsafeRawPointer(started)))
@@ -82,7 +83,7 @@ final class SigningKey: Sendable {
     init(path: String) throws {
         var error = [CChar](repeating: 0, count: 256)
         guard let loaded = fd_es256_key_load(path, &error, error.count) else {
-            throw PusherError(String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            throw PusherError(String(cBuffer: error))
         }
         key = Int(bitPattern: UnsafeRawPointer(loaded))
     }

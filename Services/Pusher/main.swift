@@ -56,18 +56,7 @@ let pusher = PusherService(
         apnsURL: values["FRONTDESK_APNS_URL"], bundleID: bundleID, keyID: keyID, teamID: teamID,
         lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login),
     logger: bootstrap.logger, metrics: bootstrap.metrics, apns: apns, key: key)
-let probes: HTTPServer?
-if configuration.httpPort != 0 {
-    do {
-        probes = try HTTPServer(
-            port: configuration.httpPort, handler: ProbeRoutes.handler(isReady: { pusher.isReady }, metrics: bootstrap.metrics))
-    } catch {
-        bootstrap.logger.error("cannot serve probes", [("error", .string("\(error)"))])
-        exit(1)
-    }
-} else {
-    probes = nil
-}
+let probes = bootstrap.startProbes(isReady: { pusher.isReady })
 bootstrap.logger.info("starting", [
     ("broker", .string("\(configuration.amqp.url)")),
     ("apns", .string(values["FRONTDESK_APNS_URL"] ?? "by environment")),

@@ -153,7 +153,7 @@ public final class AsyncHTTPServer: Sendable {
             box.toOpaque(), &error, error.count)
         guard let started else {
             box.release()
-            throw HTTPServerError(String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            throw HTTPServerError(String(cBuffer: error))
         }
         self.box = box
         self.server = Mutex(Int(bitPattern: UnsafeRawPointer(started)))

@@ -81,7 +81,7 @@ public final class HTTPServer: Sendable {
             box.toOpaque(), &error, error.count)
         guard let started else {
             box.release()
-            throw HTTPServerError(String(decoding: error.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            throw HTTPServerError(String(cBuffer: error))
         }
         self.box = box
         self.server = Mutex(Int(bitPattern: UnsafeRawPointer(started)))
@@ -101,6 +101,13 @@ public final class HTTPServer: Sendable {
     }
 
     deinit { stop() }
+}
+
+extension String {
+    /// The text a C function wrote into `buffer` (up to its first NUL).
+    public init(cBuffer buffer: [CChar]) {
+        self = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
 }
 
 public struct HTTPServerError: Error, CustomStringConvertible, Sendable {

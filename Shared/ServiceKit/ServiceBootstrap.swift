@@ -84,14 +84,15 @@ public struct ServiceBootstrap: Sendable {
             })
     }
 
-    /// Starts /healthz, /readyz and /metrics unless the port is 0.
-    public func startProbes() -> HTTPServer? {
+    /// Starts /healthz, /readyz and /metrics unless the port is 0. Ready:
+    /// `isReady`, by default while the client is connected with its topology.
+    public func startProbes(isReady: (@Sendable () -> Bool)? = nil) -> HTTPServer? {
         guard configuration.httpPort != 0 else { return nil }
         let client = client
         do {
             let server = try HTTPServer(
                 port: configuration.httpPort,
-                handler: ProbeRoutes.handler(isReady: { client.isReady }, metrics: metrics))
+                handler: ProbeRoutes.handler(isReady: isReady ?? { client.isReady }, metrics: metrics))
             logger.info("serving probes", [("port", .int(server.port))])
             return server
         } catch {

@@ -211,18 +211,7 @@ def main():
             agents.append(harness.subprocess.Popen(
                 [os.path.join(harness.BIN, "frontdesk"), "agent", "--target", target, "--delay-ms", delay], env=env, stdout=log, stderr=log))
         gateway = Gateway(gw_port)
-        probe = services[2].port
-        deadline = time.time() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{probe}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            if time.time() > deadline:
-                raise AssertionError("the gateway did not become ready")
-            time.sleep(0.1)
+        harness.wait("the gateway to be ready", lambda: harness.ready(services[2].port))
         # Both agents online before the browser starts.
         deadline = time.time() + 30
         while True:

@@ -20,7 +20,6 @@ Exit 0 when all pass, 1 otherwise.
 """
 import json
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -40,15 +39,7 @@ BUNDLE = "com.example.frontdesk"
 SEED = "Reply to Lisa about the AGM agenda — short, confirm 14:00"
 
 
-def wait(what, condition, timeout=30.0):
-    deadline = time.time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
+wait = harness.wait
 
 
 class Broker:
@@ -289,18 +280,8 @@ def main():
     sys.exit(1 if failed else 0)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ready(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
+free_port = harness.free_port
+ready = harness.ready
 
 
 if __name__ == "__main__":

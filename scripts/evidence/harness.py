@@ -3,6 +3,9 @@ their own on the local broker, the services as processes, and an
 independent status subscriber. Standard library + pika only."""
 import json
 import os
+import socket
+import urllib.error
+import urllib.request
 import urllib.parse
 import subprocess
 import threading
@@ -75,6 +78,34 @@ class Service:
     def crashed(self):
         """True when the process ended on its own (not by us) with a signal or error."""
         return self.process is not None and self.process.poll() not in (None, 0)
+
+
+def free_port():
+    """A TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ready(port):
+    """A service's /readyz answers 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait(what, condition, timeout=30.0, every=0.05):
+    """Polls `condition()` until it is truthy; raises with `what` at the deadline."""
+    deadline = time.time() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
 
 
 def user_of(url):

@@ -33,14 +33,6 @@ def metric(port, name):
     return None
 
 
-def ready(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dispatches", type=int, default=20000)
@@ -56,7 +48,7 @@ def main():
         while metric(9602, "frontdesk_sender_leader") != 1:
             time.sleep(0.1)
         standby.start()
-        while not ready(9603):  # connected, its topology declared: a standby reading the log
+        while not harness.ready(9603):  # connected, its topology declared: a standby reading the log
             time.sleep(0.1)
         agent = subprocess.Popen([os.path.join(harness.BIN, "frontdesk"), "agent", "--target", "yemaya/board-prep", "--instant"],
                                  env=dict(os.environ, AMQP_URL=vhost.url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
