@@ -293,13 +293,13 @@ final class PusherService: Service {
     }
 
     private func send(_ update: PushUpdate) {
-        guard let registered = tokens.withLock({ $0[update.dispatchId] }), let bearer = bearer(now: Date()) else {
-            // The token went (410 under another update) or no provider token can be made: nothing to send to.
-            perform(scheduler.withLock { $0.completed(update.dispatchId, sendID: update.sendID, .gone, now: Date(), jitter: 0) }.filter {
-                if case .dropToken = $0 { return false } else { return true }
-            })
-            return
+        @Sendable func complete(_ outcome: PushScheduler.Outcome) {
+            perform(scheduler.withLock { $0.completed(update.dispatchId, sendID: update.sendID, outcome, now: Date(), jitter: Double.random(in: 0..<1)) })
         }
+        // The token went (a 410 under another update): nothing to send to (dropping it again does nothing).
+        guard let registered = tokens.withLock({ $0[update.dispatchId] }) else { return complete(.gone) }
+        // No provider token could be signed: tried again after a back-off, the token kept.
+        guard let bearer = bearer(now: Date()) else { return complete(.retry(after: nil)) }
         let r = registered.registration
         let url = APNs.url(base: settings.apnsURL, environment: r.environment, token: r.pushToken)
         let headers = APNs.headers(bearer: bearer, bundleID: settings.bundleID, priority: update.priority, expiration: nil)
@@ -325,9 +325,7 @@ final class PusherService: Service {
                     ("status", .int(status)), ("reason", .string(reason ?? error ?? "none")), ("dispatch", .string(update.dispatchId)),
                 ])
             }
-            perform(scheduler.withLock {
-                $0.completed(update.dispatchId, sendID: update.sendID, outcome, now: Date(), jitter: Double.random(in: 0..<1))
-            })
+            complete(outcome)
         }
     }
 

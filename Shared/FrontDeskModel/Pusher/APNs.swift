@@ -75,14 +75,14 @@ public enum APNs {
     }
 
     /// APNs' answer: the outcome for the scheduler, and the reason it gave.
-    public static func outcome(status: Int, body: Data?, retryAfter: TimeInterval? = nil) -> (PushScheduler.Outcome, String?) {
+    public static func outcome(status: Int, body: Data?) -> (PushScheduler.Outcome, String?) {
         let reason = body.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }?["reason"] as? String
         switch status {
         case 200: return (.delivered, nil)
         case 410: return (.gone, reason ?? "Unregistered")
         // The provider token expired (a clock off, a token kept too long): renewed, then the push is tried again.
         case 403 where reason == "ExpiredProviderToken": return (.retry(after: nil), reason)
-        case 429, 500...599: return (.retry(after: retryAfter), reason)
+        case 429, 500...599: return (.retry(after: nil), reason)
         case 0: return (.retry(after: nil), reason)
         default: return (.rejected, reason)
         }
