@@ -30,7 +30,6 @@ struct fd_conn {
 
 struct fd_http_server {
     struct MHD_Daemon *daemon;
-    fd_http_handler handler;
     fd_async_handler async_handler;
     size_t max_body;
     void *context;
@@ -94,8 +93,9 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
     }
 }
 
-/// Every half second: a connection open longer than `max_age_s` is shut
-/// down, whatever it sends; libmicrohttpd then sees it end and closes it.
+/// Every half second: a connection that has been reading a request for
+/// longer than `max_age_s` (since it opened, or since its last response) is
+/// shut down, whatever it sends; libmicrohttpd then sees it end and closes it.
 static void *sweep(void *arg) {
     fd_http_server *server = arg;
     for (;;) {
@@ -115,50 +115,6 @@ static void *sweep(void *arg) {
         pthread_mutex_unlock(&server->lock);
     }
 }
-
-struct fd_http_answer {
-    unsigned status;
-    struct MHD_Response *response;
-};
-
-/// Requests to the probes carry no body: a marker for "headers seen".
-static int request_started;
-
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls) {
-    (void)version;
-    (void)upload_data;
-    fd_http_server *server = cls;
-    if (*con_cls == NULL) {
-        *con_cls = &request_started;
-        return MHD_YES;
-    }
-    if (*upload_data_size != 0) {  // a body is not read: skip it
-        *upload_data_size = 0;
-        return MHD_YES;
-    }
-    fd_http_answer answer = {0, NULL};
-    server->handler(server->context, method, url, &answer);
-    if (answer.response == NULL) {
-        answer.status = 500;
-        answer.response = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-        if (answer.response == NULL) return MHD_NO;
-    }
-    enum MHD_Result queued = MHD_queue_response(connection, answer.status, answer.response);
-    MHD_destroy_response(answer.response);
-    return queued;
-}
-
-void fd_http_answer_set(fd_http_answer *answer, unsigned status, const char *content_type, const void *body, size_t length) {
-    if (answer->response != NULL) MHD_destroy_response(answer->response);
-    answer->status = status;
-    answer->response = MHD_create_response_from_buffer(length, (void *)body, MHD_RESPMEM_MUST_COPY);
-    if (answer->response != NULL) {
-        MHD_add_response_header(answer->response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-        MHD_add_response_header(answer->response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    }
-}
-
 
 // MARK: Asynchronous requests and streams
 //
@@ -511,9 +467,9 @@ void fd_stream_release(fd_stream *stream) {
     if (stream != NULL) stream_unref(stream);
 }
 
-static fd_http_server *start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s, unsigned max_connections,
-                             fd_http_handler handler, fd_async_handler async_handler, size_t max_body, void *context,
-                             char *error, size_t error_len) {
+fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
+                                    unsigned max_connections, size_t max_body, fd_async_handler async_handler, void *context,
+                                    char *error, size_t error_len) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof address);
     address.sin_family = AF_INET;
@@ -543,34 +499,22 @@ static fd_http_server *start(const char *host, uint16_t port, unsigned timeout_s
         close(fd);
         return NULL;
     }
-    server->handler = handler;
     server->async_handler = async_handler;
     server->max_body = max_body;
     server->context = context;
     server->max_age_s = max_age_s;
     server->refs = 1;
     pthread_mutex_init(&server->lock, NULL);
-    if (async_handler != NULL) {
-        server->daemon = MHD_start_daemon(
-            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO | MHD_ALLOW_SUSPEND_RESUME, port, NULL, NULL,
-            on_async_request, server,
-            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
-            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
-            MHD_OPTION_NOTIFY_COMPLETED, on_completed, server,
-            MHD_OPTION_END);
-    } else {
-        server->daemon = MHD_start_daemon(
-            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO, port, NULL, NULL, on_request, server,
-            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
-            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
-            MHD_OPTION_END);
-    }
+    server->daemon = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO | MHD_ALLOW_SUSPEND_RESUME, port, NULL, NULL,
+        on_async_request, server,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, server,
+        MHD_OPTION_END);
     if (server->daemon == NULL) {
         snprintf(error, error_len, "cannot serve on %s:%u", host, (unsigned)port);
         if (fcntl(fd, F_GETFD) != -1) close(fd);  // unless libmicrohttpd closed it already
@@ -582,17 +526,6 @@ static fd_http_server *start(const char *host, uint16_t port, unsigned timeout_s
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(server->daemon, MHD_DAEMON_INFO_BIND_PORT);
     server->port = info != NULL ? info->port : port;
     return server;
-}
-
-fd_http_server *fd_http_start(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s, unsigned max_connections,
-                              fd_http_handler handler, void *context, char *error, size_t error_len) {
-    return start(host, port, timeout_s, max_age_s, max_connections, handler, NULL, 0, context, error, error_len);
-}
-
-fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
-                                    unsigned max_connections, size_t max_body, fd_async_handler handler, void *context,
-                                    char *error, size_t error_len) {
-    return start(host, port, timeout_s, max_age_s, max_connections, NULL, handler, max_body, context, error, error_len);
 }
 
 uint16_t fd_http_port(const fd_http_server *server) { return server->port; }

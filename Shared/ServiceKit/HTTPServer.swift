@@ -1,4 +1,3 @@
-import CMicroHTTPD
 import Foundation
 import Synchronization
 
@@ -19,24 +18,19 @@ public struct HTTPResponse: Sendable {
     }
 }
 
-/// The HTTP server for probes and metrics, on libmicrohttpd: its own
-/// polling thread (never the cooperative pool), every connection served
-/// concurrently, so clients that hold idle connections or send slowly delay
-/// no one; idle connections are closed after `idleTimeoutSeconds`, any
-/// connection after `maxConnectionAgeSeconds`, and at most `maxConnections`
-/// are open at once.
+/// The HTTP server for probes and metrics: `AsyncHTTPServer` with a handler
+/// that answers at once, on the server's own polling thread (never the
+/// cooperative pool). Every connection is served concurrently, so clients
+/// that hold idle connections or send slowly delay no one; idle connections
+/// are closed after `idleTimeoutSeconds`, one still sending its request after
+/// `maxConnectionAgeSeconds` is cut off, at most `maxConnections` are open at
+/// once, and requests carry no body.
 public final class HTTPServer: Sendable {
     public typealias Handler = @Sendable (HTTPRequest) -> HTTPResponse
 
-    /// The handler, kept alive for the C side as long as the server runs.
-    private final class Box: Sendable {
-        let handler: Handler
-        init(_ handler: @escaping Handler) { self.handler = handler }
-    }
-
     public static let idleTimeoutSeconds: UInt32 = 2
-    /// A connection open this long is closed whatever it sends: a client that
-    /// drips a request a byte at a time never goes idle.
+    /// A request still arriving this long after its connection opened is cut
+    /// off, whatever it sends: a client that drips a byte at a time never goes idle.
     public static let maxConnectionAgeSeconds: UInt32 = 10
 
     /// At most half the process's descriptors (raised to its hard limit, up
@@ -54,53 +48,24 @@ public final class HTTPServer: Sendable {
         return UInt32(min(max(limit.rlim_cur / 2, 64), 16_384))
     }()
 
-    /// The C server's address (0 once stopped): a pointer is not Sendable, its bits are.
-    private let server: Mutex<Int>
-    private let box: Unmanaged<Box>
-    public let port: Int
+    private let server: AsyncHTTPServer
+    public var port: Int { server.port }
 
     /// Binds `host:port` (port 0: any free port, then read `port`) and starts serving.
     public init(host: String = "0.0.0.0", port: Int, handler: @escaping Handler) throws {
-        guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
-        let box = Unmanaged.passRetained(Box(handler))
-        var error = [CChar](repeating: 0, count: 256)
-        let started = fd_http_start(
-            host, port16, Self.idleTimeoutSeconds, Self.maxConnectionAgeSeconds, Self.maxConnections,
-            { context, method, path, answer in
-                guard let context, let method, let path, let answer else { return }
-                let handler = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue().handler
-                let m = String(cString: method)
-                let response = m == "GET" || m == "HEAD"
-                    ? handler(HTTPRequest(method: m, path: String(cString: path)))
-                    : HTTPResponse(status: 405, body: "only GET is served here\n")
-                var body = Array(response.body.utf8)
-                body.withUnsafeMutableBytes { bytes in
-                    fd_http_answer_set(answer, UInt32(clamping: response.status), response.contentType, bytes.baseAddress, bytes.count)
-                }
-            },
-            box.toOpaque(), &error, error.count)
-        guard let started else {
-            box.release()
-            throw HTTPServerError(String(cBuffer: error))
+        server = try AsyncHTTPServer(
+            host: host, port: port, maxBody: 0, idleTimeoutSeconds: Self.idleTimeoutSeconds,
+            requestTimeoutSeconds: Self.maxConnectionAgeSeconds, headers: [], query: []
+        ) { request, responder in
+            let response = request.method == "GET" || request.method == "HEAD"
+                ? handler(HTTPRequest(method: request.method, path: request.path))
+                : HTTPResponse(status: 405, body: "only GET is served here\n")
+            responder.answer(status: response.status, contentType: response.contentType, body: Data(response.body.utf8))
         }
-        self.box = box
-        self.server = Mutex(Int(bitPattern: UnsafeRawPointer(started)))
-        self.port = Int(fd_http_port(started))
     }
 
     /// Stops serving: no handler runs once it returns.
-    public func stop() {
-        // Under the lock: a second stop() returns only once the first has
-        // stopped the server (handlers never take this lock).
-        server.withLock { s in
-            guard let pointer = OpaquePointer(bitPattern: s) else { return }
-            s = 0
-            fd_http_stop(pointer)
-            box.release()
-        }
-    }
-
-    deinit { stop() }
+    public func stop() { server.stop() }
 }
 
 extension String {
