@@ -21,25 +21,37 @@ func readStatusLog(_ args: Arguments, name: String, quiet: Duration = .milliseco
     } catch let error as AMQPError where error.replyCode == 404 {
         throw CLIRuntimeError("the status log \(SharedTopology.statusLog) does not exist yet: start frontdesk-sender once")
     }
-    let collected = Mutex<(events: [StatusEvent], last: ContinuousClock.Instant)>(([], .now))
+    let deliveries = try await collect(consumer, quiet: quiet, each: { try? $0.ack() })
+    return deliveries.compactMap { d in
+        d.properties.type == StatusEvent.type ? try? JSONDecoder().decode(StatusEvent.self, from: d.body) : nil
+    }
+}
+
+/// Takes deliveries from `consumer` (running `each` on every one) until
+/// `done` holds for what was taken, or none has come for `quiet`: a stream or
+/// a queue read by a client has no end to wait for.
+func collect(
+    _ consumer: AMQPConsumer, quiet: Duration = .milliseconds(400), each: @escaping @Sendable (AMQPDelivery) -> Void = { _ in },
+    until done: ([AMQPDelivery]) -> Bool = { _ in false }
+) async throws -> [AMQPDelivery] {
+    let taken = Mutex<(deliveries: [AMQPDelivery], last: ContinuousClock.Instant)>(([], .now))
     let reader = Task {
         for try await d in consumer {
-            try? d.ack()
-            guard d.properties.type == StatusEvent.type, let e = try? JSONDecoder().decode(StatusEvent.self, from: d.body) else { continue }
-            collected.withLock {
-                $0.events.append(e)
+            each(d)
+            taken.withLock {
+                $0.deliveries.append(d)
                 $0.last = .now
             }
         }
     }
+    defer { reader.cancel() }
     let started = ContinuousClock.now
     while true {
         try await Task.sleep(for: .milliseconds(50))
-        let last = collected.withLock { $0.last }
-        if ContinuousClock.now - last > quiet, ContinuousClock.now - started > quiet + .milliseconds(200) { break }
+        let (deliveries, last) = taken.withLock { ($0.deliveries, $0.last) }
+        if done(deliveries) { return deliveries }
+        if ContinuousClock.now - last > quiet, ContinuousClock.now - started > quiet + .milliseconds(200) { return deliveries }
     }
-    reader.cancel()
-    return collected.withLock { $0.events }
 }
 
 /// The latest event of each dispatch, in the order they started.
@@ -197,31 +209,13 @@ func deadCommand(_ args: Arguments) async throws -> Int32 {
         throw CLIRuntimeError("cannot read \(SharedTopology.deadLetterQueue): \(error.message) (an operator's user reads it)")
     }
     // Every dead letter taken is held unacked; closing the channel puts them back, in order.
-    let held = Mutex<(deliveries: [AMQPDelivery], last: ContinuousClock.Instant)>(([], .now))
-    let reader = Task {
-        for try await d in consumer {
-            held.withLock {
-                $0.deliveries.append(d)
-                $0.last = .now
-            }
-        }
-    }
-    let started = ContinuousClock.now
-    var found: AMQPDelivery? = nil
-    while true {
-        try await Task.sleep(for: .milliseconds(50))
-        let (deliveries, last) = held.withLock { ($0.deliveries, $0.last) }
-        if let wanted, let d = deliveries.first(where: { $0.properties.messageID == wanted }) {
-            found = d
-            break
-        }
-        if deliveries.count >= limit { break }
-        if ContinuousClock.now - last > .milliseconds(400), ContinuousClock.now - started > .milliseconds(600) { break }
-    }
-    reader.cancel()
+    let held = try await collect(consumer, until: { deliveries in
+        deliveries.count >= limit || wanted.map { w in deliveries.contains { $0.properties.messageID == w } } == true
+    })
+    let found = wanted.flatMap { w in held.first { $0.properties.messageID == w } }
     defer { Task { await channel.close() } }
     if action == "list" {
-        let letters = held.withLock { Array($0.deliveries.prefix(limit)) }
+        let letters = Array(held.prefix(limit))
         let rows = letters.map(deadLetterObject)
         if args.switches.contains("json") {
             emit(jsonText(rows))
@@ -236,7 +230,7 @@ func deadCommand(_ args: Arguments) async throws -> Int32 {
         return 0
     }
     guard let letter = found else {
-        throw CLIRuntimeError("no dead letter with message id '\(wanted ?? "")' among the \(held.withLock { $0.deliveries.count }) read")
+        throw CLIRuntimeError("no dead letter with message id '\(wanted ?? "")' among the \(held.count) read")
     }
     let headers = letter.properties.headers ?? FieldTable()
     guard case .string(let key)? = headers["x-frontdesk-routing-key"], key.hasPrefix("dispatch.") else {
