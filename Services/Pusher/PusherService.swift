@@ -62,7 +62,7 @@ final class PusherService: Service {
     /// The newest status event of each dispatch that had no token yet (acked):
     /// a token read a moment later pushes it at once, so a dispatch faster than
     /// its registration's trip through the token log still shows its state.
-    private let untokened = Mutex<[String: StatusEvent]>([:])
+    private let untokened = Mutex<[String: (seq: Int, body: Data)]>([:])
     static let maxUntokened = 100_000
     private let scheduler = Mutex(PushScheduler())
     private let held = Mutex<[UInt64: AMQPDelivery]>([:])
@@ -174,7 +174,11 @@ final class PusherService: Service {
             let at = d.properties.timestamp.map { Date(timeIntervalSince1970: Double(min($0, 253_402_300_799))) } ?? Date()
             tokens.withLock { $0[r.id] = Registered(registration: r, at: at) }
             // Events that came first (this replica acts): the newest is pushed now.
-            if let event = untokened.withLock({ $0.removeValue(forKey: r.id) }) { submit(event, delivery: nil) }
+            if let kept = untokened.withLock({ $0.removeValue(forKey: r.id) }),
+                let event = try? JSONDecoder().decode(StatusEvent.self, from: kept.body)
+            {
+                submit(event, delivery: nil)
+            }
         case PusherTopology.dropType:
             guard let id = d.properties.correlationID else { return }
             tokens.withLock { t in
@@ -233,18 +237,28 @@ final class PusherService: Service {
     // MARK: Status events → pushes
 
     private func takeStatus(_ d: AMQPDelivery) {
-        guard d.properties.type == StatusEvent.type, let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body) else {
-            try? d.ack()  // not a status event
+        // Most events have no activity to push to: their dispatch and seq come from
+        // the properties (`correlation_id`, `message_id` = `<id>/<seq>`), and the
+        // body is decoded only for a dispatch with a token.
+        guard d.properties.type == StatusEvent.type, let id = d.properties.correlationID,
+            let messageID = d.properties.messageID, messageID.hasPrefix(id + "/"),
+            let seq = Int(messageID.dropFirst(id.count + 1))
+        else {
+            try? d.ack()  // not a status event as the services publish them
             return
         }
-        guard tokens.withLock({ $0[event.dispatchId] }) != nil else {
+        guard tokens.withLock({ $0[id] }) != nil else {
             // No activity to push to yet: kept (the newest only), in case its token is on its way.
             untokened.withLock { u in
-                if (u[event.dispatchId]?.seq ?? 0) < event.seq {
-                    if u.count >= Self.maxUntokened, u[event.dispatchId] == nil, let any = u.keys.first { u[any] = nil }
-                    u[event.dispatchId] = event
+                if (u[id]?.seq ?? 0) < seq {
+                    if u.count >= Self.maxUntokened, u[id] == nil, let any = u.keys.first { u[any] = nil }
+                    u[id] = (seq, d.body)
                 }
             }
+            try? d.ack()
+            return
+        }
+        guard let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body), event.dispatchId == id else {
             try? d.ack()
             return
         }
