@@ -11,6 +11,8 @@ import time
 import urllib.error
 import urllib.request
 
+import harness  # scripts/evidence, on the path the browser test sets up
+
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
 
 
@@ -94,14 +96,7 @@ class Chrome:
 
     def wait(self, what, condition, timeout=20.0, every=0.05):
         """Polls `condition()` until truthy; raises with `what` at the deadline."""
-        deadline = time.time() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.time() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(every)
+        return harness.wait(what, condition, timeout, every)
 
     def quit(self):
         try:
