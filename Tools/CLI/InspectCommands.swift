@@ -250,6 +250,10 @@ func deadCommand(_ args: Arguments) async throws -> Int32 {
             messageID: letter.properties.messageID, timestamp: UInt64(Date().timeIntervalSince1970), type: letter.properties.type),
         mandatory: true)
     try letter.ack()
+    // The ack is only queued; closing the channel (an RPC behind it on the
+    // connection's thread) makes sure the broker has it before the process exits,
+    // or the letter would come back as a second copy.
+    await channel.close()
     var audit = deadLetterObject(letter)
     audit["audit"] = "dead_replay"
     audit["by"] = replayer
