@@ -2,7 +2,7 @@
 # The compose stack for real with podman on a machine without a Docker
 # engine (see deploy/README.md): builds the images, starts RabbitMQ, router,
 # sender and agent with health-gated start order, dispatches through the
-# stack as the producer user and expects it replied, checks the images run
+# stack as the operator user and expects it replied, checks the images run
 # as non-root and that SIGTERM stops a service with exit status 0, then
 # takes the stack down.
 #
@@ -77,9 +77,9 @@ done
 echo "  frontdesk_agent_1 running: $(podman inspect frontdesk_agent_1 --format '{{.State.Running}}'); stack up in $(( $(date +%s) - start )) s"
 echo "  router runs as uid $(podman exec frontdesk_router_1 id -u)"
 
-echo "podman-e2e: dispatch through the stack as the producer user"
+echo "podman-e2e: dispatch through the stack as the operator user"
 # The URL with its password goes in through the environment, never in a command's arguments.
-if AMQP_URL="amqp://producer:$PRODUCER_PASSWORD@127.0.0.1:5672/frontdesk" \
+if AMQP_URL="amqp://operator:$OPERATOR_PASSWORD@127.0.0.1:5672/frontdesk" \
     podman run --rm --network host --health-cmd none --env AMQP_URL localhost/frontdesk:latest frontdesk dispatch --json --id podman-e2e-1 \
     "Reply to Lisa about the AGM agenda — short, confirm 14:00" >"$WORK/dispatch.out" 2>"$WORK/dispatch.log"; then
     echo "  $(grep -c . "$WORK/dispatch.out") events; last: $(tail -n1 "$WORK/dispatch.out" | grep -o '"state":"[a-z]*"') $(tail -n1 "$WORK/dispatch.out" | grep -o '"project":{[^}]*}' | grep -o '"name":"[^"]*"')"

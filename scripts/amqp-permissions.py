@@ -4,6 +4,7 @@
     amqp-permissions.py URL publish EXCHANGE ROUTING_KEY
     amqp-permissions.py URL consume QUEUE
     amqp-permissions.py URL declare QUEUE
+    amqp-permissions.py URL bind EXCHANGE ROUTING_KEY   (a server-named queue of its own)
 
 Prints "allowed" or "refused: <broker's reason>"; exit 0 either way, 2 on a
 usage or connection error. Publishes use confirms, so a refusal is seen.
@@ -34,6 +35,15 @@ def main(argv):
             channel.basic_consume(argv[3], lambda *_: None)
         elif op == "declare":
             channel.queue_declare(argv[3], durable=True, arguments={"x-queue-type": "quorum"})
+        elif op == "bind":
+            # Reading an exchange means binding a queue to it: the queue is the
+            # user's own (server-named), the exchange is what is asked about.
+            try:
+                queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+            except pika.exceptions.ChannelClosedByBroker as error:
+                print(f"refused: {error.reply_code} {error.reply_text}")
+                return 0
+            channel.queue_bind(queue, argv[3], routing_key=argv[4])
         else:
             print(f"unknown operation {op}", file=sys.stderr)
             return 2

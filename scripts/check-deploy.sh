@@ -16,7 +16,7 @@ BIN="${FRONTDESK_BIN:-.build/debug}"
 WORK="$(mktemp -d)"
 PIDS=()
 VHOST=frontdesk
-ROLES=(admin router sender producer agent surface gateway pusher agent-yemaya-board-prep)
+ROLES=(admin router sender producer operator agent surface gateway pusher agent-yemaya-board-prep)
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
@@ -79,17 +79,32 @@ expect_ready 9202 "sender ready as user sender" "$WORK/sender.log"
 AMQP_URL="$(url agent-yemaya-board-prep)" "$BIN/frontdesk" agent --target yemaya/board-prep --delay-ms 20 2>"$WORK/agent.log" & PIDS+=($!)
 AMQP_URL="$(url surface)" timeout 20 "$BIN/frontdesk" watch --format json >"$WORK/watch.out" 2>"$WORK/watch.log" & PIDS+=($!)
 sleep 1
-if AMQP_URL="$(url producer)" timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa about the AGM agenda — short, confirm 14:00" --json \
+if AMQP_URL="$(url operator)" timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa about the AGM agenda — short, confirm 14:00" --json \
     --id check-deploy-1 >"$WORK/dispatch.out" 2>"$WORK/dispatch.log"; then
-    check "frontdesk dispatch as producer ends replied" replied replied
+    check "frontdesk dispatch as operator ends replied" replied replied
 else
-    check "frontdesk dispatch as producer ends replied" replied "exit $?: $(tail -c 300 "$WORK/dispatch.log")"
+    check "frontdesk dispatch as operator ends replied" replied "exit $?: $(tail -c 300 "$WORK/dispatch.log")"
 fi
-sleep 1
-if grep '"check-deploy-1"' "$WORK/watch.out" | grep -q '"state":"replied"'; then
-    check "frontdesk watch as surface sees it replied" seen seen
+# A producer publishes and reads nothing: --detach is all it can do.
+if AMQP_URL="$(url producer)" timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa — confirm 9:30" --json --detach \
+    --id check-deploy-3 >"$WORK/detach.out" 2>"$WORK/detach.log"; then
+    check "frontdesk dispatch --detach as producer is accepted" accepted accepted
 else
-    check "frontdesk watch as surface sees it replied" seen "not seen: $(tail -c 300 "$WORK/watch.log")"
+    check "frontdesk dispatch --detach as producer is accepted" accepted "exit $?: $(tail -c 300 "$WORK/detach.log")"
+fi
+AMQP_URL="$(url producer)" timeout 30 "$BIN/frontdesk" dispatch "Reply to Lisa" --json --id check-deploy-4 >/dev/null 2>"$WORK/follow.log" && follow=0 || follow=$?
+check "frontdesk dispatch as producer cannot follow (exit 1)" "1 may not read" "$follow $(grep -o 'may not read' "$WORK/follow.log" | head -n1)"
+seen=none
+for _ in $(seq 1 50); do
+    if grep '"check-deploy-1"' "$WORK/watch.out" | grep -q '"state":"replied"' && grep '"check-deploy-3"' "$WORK/watch.out" | grep -q '"state":"replied"'; then
+        seen=seen; break
+    fi
+    sleep 0.1
+done
+if [ "$seen" = seen ]; then
+    check "frontdesk watch as surface sees both replied" seen seen
+else
+    check "frontdesk watch as surface sees both replied" seen "not seen: $(tail -c 300 "$WORK/watch.log")"
 fi
 
 # The gateway as its own user: a dispatch over HTTP ends replied, and it sees the agent online.
@@ -133,6 +148,14 @@ check "producer may publish to frontdesk.commands" allowed "$(probe producer pub
 check "producer consumes frontdesk.router.intake" refused "$(probe producer consume frontdesk.router.intake)"
 check "producer publishes to frontdesk.status" refused "$(probe producer publish frontdesk.status status.x.y.replied)"
 check "producer declares frontdesk.sneaky" refused "$(probe producer declare frontdesk.sneaky)"
+check "producer binds a queue to frontdesk.status (reads others' events)" refused "$(probe producer bind frontdesk.status 'status.#')"
+check "producer reads frontdesk.status.log" refused "$(probe producer consume frontdesk.status.log)"
+check "producer reads frontdesk.dead" refused "$(probe producer consume frontdesk.dead)"
+check "operator may bind a queue to frontdesk.status" allowed "$(probe operator bind frontdesk.status 'status.#')"
+check "operator may read frontdesk.dead" allowed "$(probe operator consume frontdesk.dead)"
+check "operator publishes to frontdesk.status" refused "$(probe operator publish frontdesk.status status.x.y.replied)"
+check "operator consumes frontdesk.agent.yemaya.board-prep" refused "$(probe operator consume frontdesk.agent.yemaya.board-prep)"
+check "operator consumes frontdesk.router.intake" refused "$(probe operator consume frontdesk.router.intake)"
 check "surface may read frontdesk.status.log" allowed "$(probe surface consume frontdesk.status.log)"
 check "surface publishes to frontdesk.commands" refused "$(probe surface publish frontdesk.commands dispatch.request)"
 check "surface publishes to frontdesk.status" refused "$(probe surface publish frontdesk.status status.x.y.replied)"

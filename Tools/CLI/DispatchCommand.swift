@@ -16,24 +16,29 @@ func dispatchCommand(_ args: Arguments) async throws -> Int32 {
     let json = args.switches.contains("json") || !stdoutIsTerminal
     let connection = try await connect(args, name: "dispatch")
     defer { Task { await connection.close() } }
-    // A queue of our own on the status exchange, bound before the request goes out.
-    let channel = try await connection.openChannel()
-    let queue = try await channel.queueDeclare("", durable: false, exclusive: true, autoDelete: true)
-    // The services declare the exchanges; a producer's user may not (least privilege).
-    do {
-        try await channel.queueBind(queue.name, exchange: SharedTopology.statusExchange, routingKey: "status.#")
-    } catch let error as AMQPError where error.replyCode == 404 {
-        throw CLIRuntimeError("the exchange frontdesk.status does not exist yet: start frontdesk-router or frontdesk-sender once")
-    }
     var body: [String: Any] = ["id": id, "input": input, "createdAt": RFC3339.format(Date())]
     for (flag, field) in [("project", "project"), ("target", "target"), ("thread", "threadId"), ("user", "user")] {
         if let v = args.options[flag] { body[field] = v }
     }
-    try await publishCommand(connection, routingKey: CommandKey.request, body: body)
     if args.switches.contains("detach") {
+        // Publishing is all a producer's user may do: nothing is read.
+        try await publishCommand(connection, routingKey: CommandKey.request, body: body)
         emit(json ? jsonText(["id": id, "detached": true]) : "dispatch \(id) sent; follow it with: frontdesk show \(id)")
         return 0
     }
+    // A queue of our own on the status exchange, bound before the request goes out.
+    let channel = try await connection.openChannel()
+    let queue: QueueDeclareResult
+    // The services declare the exchanges; a producer's user may not (least privilege).
+    do {
+        queue = try await channel.queueDeclare("", durable: false, exclusive: true, autoDelete: true)
+        try await channel.queueBind(queue.name, exchange: SharedTopology.statusExchange, routingKey: "status.#")
+    } catch let error as AMQPError where error.replyCode == 404 {
+        throw CLIRuntimeError("the exchange frontdesk.status does not exist yet: start frontdesk-router or frontdesk-sender once")
+    } catch let error as AMQPError where error.replyCode == 403 {
+        throw CLIRuntimeError("this user may not read frontdesk.status (\(error.message)): follow dispatches as an operator, or use --detach")
+    }
+    try await publishCommand(connection, routingKey: CommandKey.request, body: body)
     let events = try await channel.consume(queue: queue.name, noAck: true)
     if !json && isatty(0) == 1 {
         return try await LiveTerminal(id: id, connection: connection, args: args).follow(events)

@@ -15,7 +15,7 @@ for _ in $(seq 1 120); do
     kill -0 "$broker" 2>/dev/null || { echo "init.sh: rabbitmq-server exited" >&2; exit 1; }
     sleep 1
 done
-for role in admin router sender producer agent surface gateway pusher; do
+for role in admin router sender producer operator agent surface gateway pusher; do
     variable="$(echo "$role" | tr '[:lower:]' '[:upper:]')_PASSWORD"
     [ "$role" = admin ] && variable=RABBITMQ_ADMIN_PASSWORD
     password="${!variable:-}"
