@@ -15,11 +15,9 @@ func agentCommand(_ args: Arguments) async throws -> Int32 {
     let fail = args.switches.contains("fail"), noEta = args.switches.contains("no-eta")
     if args.switches.contains("instant") { return try await instantAgent(args, target: target) }
     let (queue, channel, replies, _) = try await serve(target, args, prefetch: 1, name: "agent")
+    let tasks = TaskCheck(args)
     for try await delivery in try await channel.consume(queue: queue) {
-        guard let task = try? AgentTask(jsonData: delivery.body) else {
-            try delivery.reject(requeue: false)
-            continue
-        }
+        guard let task = try tasks.accept(delivery) else { continue }
         func reply(_ fields: [String: Any]) async throws {
             var all = fields
             all["dispatchId"] = task.dispatchId
@@ -82,11 +80,42 @@ func clockTime(in text: String) -> String? {
 /// acked once its reply is confirmed, while the next window goes out.
 func instantAgent(_ args: Arguments, target: String) async throws -> Int32 {
     let (queue, channel, replies, executor) = try await serve(target, args, prefetch: 256, name: "instant agent")
+    let tasks = TaskCheck(args)
     // Answered on the connection's thread, where the tasks and confirms arrive.
-    return try await withTaskExecutorPreference(executor) { try await answerInstantly(queue, channel, replies) }
+    return try await withTaskExecutorPreference(executor) { try await answerInstantly(queue, channel, replies, tasks) }
 }
 
-private func answerInstantly(_ queue: String, _ channel: AMQPChannel, _ replies: AMQPChannel) async throws -> Int32 {
+/// What an agent takes as a task: a body that decodes, and — given the
+/// sender's login (`--sender-login`, else `FRONTDESK_SENDER_LOGIN`) — only a
+/// message the broker vouches that login published (`user_id`). Anyone who
+/// may publish to the default exchange (every agent's user) can put a message
+/// in any agent queue by name; without this check such a forged task would be
+/// answered, to whatever `reply_to` it names. Anything else is rejected
+/// (never requeued) and logged.
+struct TaskCheck: Sendable {
+    let senderLogin: String?
+
+    init(_ args: Arguments) {
+        senderLogin = args.options["sender-login"] ?? ProcessInfo.processInfo.environment["FRONTDESK_SENDER_LOGIN"].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    func accept(_ delivery: AMQPDelivery) throws -> AgentTask? {
+        if let login = senderLogin, delivery.properties.userID != login {
+            try delivery.reject(requeue: false)
+            let from = delivery.properties.userID.map { "'\($0.prefix(100))'" } ?? "no user_id"
+            FileHandle.standardError.write(Data("rejected a task not published by the sender's login '\(login)' (\(from))\n".utf8))
+            return nil
+        }
+        guard let task = try? AgentTask(jsonData: delivery.body) else {
+            try delivery.reject(requeue: false)
+            FileHandle.standardError.write(Data("rejected a task that is no task (\(delivery.body.count) bytes)\n".utf8))
+            return nil
+        }
+        return task
+    }
+}
+
+private func answerInstantly(_ queue: String, _ channel: AMQPChannel, _ replies: AMQPChannel, _ tasks: TaskCheck) async throws -> Int32 {
     let feed = BatchQueue<AMQPDelivery>()
     _ = try await channel.consume(queue: queue, deliver: { feed.yield($0) }, finished: { _ in feed.finish() })
     // Each window's tasks are acked where its confirms arrive (the
@@ -96,10 +125,7 @@ private func answerInstantly(_ queue: String, _ channel: AMQPChannel, _ replies:
     while let batch = await feed.next() {
         var messages: [OutboundMessage] = [], answered: [AMQPDelivery] = []
         for delivery in batch {
-            guard let task = try? AgentTask(jsonData: delivery.body) else {
-                try delivery.reject(requeue: false)
-                continue
-            }
+            guard let task = try tasks.accept(delivery) else { continue }
             let body = JSONWriter.object { json in
                 json.field("attempt", task.attempt)
                 json.field("dispatchId", task.dispatchId)

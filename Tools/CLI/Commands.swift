@@ -61,9 +61,13 @@ struct CommandSpec {
             valued: ["routes", "project", "target"]),
         CommandSpec(name: "routes", synopsis: "routes check FILE", summary: "checks a routing table file (exit 2 names the problem)"),
         CommandSpec(
-            name: "agent", synopsis: "agent --target PROJECT/TARGET [--delay-ms N] [--fail-retryable N] [--fail] [--no-eta] [--instant]",
+            name: "agent", synopsis: "agent --target PROJECT/TARGET [--sender-login L] [--delay-ms N] [--fail-retryable N] [--fail] [--no-eta] [--instant]",
             summary: "runs a reference agent for one target",
-            valued: ["target", "delay-ms", "fail-retryable"], switches: ["fail", "no-eta", "instant"]),
+            details: [
+                "--sender-login L (default: FRONTDESK_SENDER_LOGIN) takes only tasks the broker vouches L published",
+                "  (their user_id); others — forged into the queue by the default exchange — are rejected and logged.",
+            ],
+            valued: ["target", "delay-ms", "fail-retryable", "sender-login"], switches: ["fail", "no-eta", "instant"]),
     ]
 
     static func named(_ name: String) -> CommandSpec? { all.first { $0.name == name } }
