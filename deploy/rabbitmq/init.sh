@@ -15,6 +15,32 @@ for _ in $(seq 1 120); do
     kill -0 "$broker" 2>/dev/null || { echo "init.sh: rabbitmq-server exited" >&2; exit 1; }
     sleep 1
 done
+# In a cluster (compose.cluster.yaml): FRONTDESK_JOIN names the node this one
+# joins (once; its data then remembers), FRONTDESK_CLUSTER_SIZE how many must
+# run before anything is declared, and the node with
+# FRONTDESK_IMPORTS_DEFINITIONS=1 imports the definitions and sets the
+# passwords then, so that every quorum queue and stream of the topology gets
+# a replica on each node. A single broker loads the definitions at boot.
+if [ -n "${FRONTDESK_JOIN:-}" ] && ! rabbitmqctl -q cluster_status 2>/dev/null | grep -qF "$FRONTDESK_JOIN"; then
+    rabbitmqctl -q stop_app
+    rabbitmqctl -q reset
+    until rabbitmqctl -q join_cluster "$FRONTDESK_JOIN" >/dev/null 2>&1; do
+        echo "init.sh: waiting to join $FRONTDESK_JOIN" >&2
+        sleep 2
+    done
+    rabbitmqctl -q start_app
+fi
+if [ -n "${FRONTDESK_CLUSTER_SIZE:-}" ]; then
+    running_nodes() { rabbitmqctl -q eval 'length(rabbit_nodes:all_running()).' 2>/dev/null || echo 0; }
+    until [ "$(running_nodes)" -ge "$FRONTDESK_CLUSTER_SIZE" ]; do sleep 2; done
+    if [ "${FRONTDESK_IMPORTS_DEFINITIONS:-}" != 1 ]; then
+        # The users are the cluster's: node 1 sets them; this node is ready once it has joined.
+        touch /tmp/frontdesk-users-ready
+        wait "$broker"
+        exit 0
+    fi
+    rabbitmqctl -q import_definitions /etc/rabbitmq/definitions.json
+fi
 for role in admin router sender producer operator agent surface gateway pusher; do
     variable="$(echo "$role" | tr '[:lower:]' '[:upper:]')_PASSWORD"
     [ "$role" = admin ] && variable=RABBITMQ_ADMIN_PASSWORD
