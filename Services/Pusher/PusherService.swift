@@ -20,9 +20,9 @@ enum PusherTopology {
     static let markerType = "frontdesk.pusher.marker.v1"
 
     static func declare(on channel: AMQPChannel) async throws {
-        try await channel.exchangeDeclare(SharedTopology.commandsExchange, type: "topic")
-        try await channel.exchangeDeclare(SharedTopology.statusExchange, type: "topic")
-        try await channel.exchangeDeclare(SharedTopology.deadLetterExchange, type: "fanout")
+        // The shared exchanges and the dead-letter queue with its binding: on a broker
+        // where only the pusher has run, a registration's dead letter must land somewhere.
+        try await SharedTopology.declare(on: channel)
         try await channel.queueDeclare(registrations, arguments: ["x-queue-type": "quorum"])
         try await channel.queueBind(registrations, exchange: SharedTopology.commandsExchange, routingKey: CommandKey.activity)
         try await channel.queueDeclare(tokens, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
@@ -240,11 +240,17 @@ final class PusherService: Service {
         // Most events have no activity to push to: their dispatch and seq come from
         // the properties (`correlation_id`, `message_id` = `<id>/<seq>`), and the
         // body is decoded only for a dispatch with a token.
-        guard d.properties.type == StatusEvent.type, let id = d.properties.correlationID,
-            let messageID = d.properties.messageID, messageID.hasPrefix(id + "/"),
-            let seq = Int(messageID.dropFirst(id.count + 1))
-        else {
-            try? d.ack()  // not a status event as the services publish them
+        guard d.properties.type == nil || d.properties.type == StatusEvent.type, let id = d.properties.correlationID else {
+            try? d.ack()  // not a status event
+            return
+        }
+        let seq: Int
+        if let messageID = d.properties.messageID, messageID.hasPrefix(id + "/"), let s = Int(messageID.dropFirst(id.count + 1)) {
+            seq = s
+        } else if let event = try? JSONDecoder().decode(StatusEvent.self, from: d.body), event.dispatchId == id {
+            seq = event.seq  // a message id of another shape (the contract asks only that it be unique): the body tells
+        } else {
+            try? d.ack()
             return
         }
         guard tokens.withLock({ $0[id] }) != nil else {

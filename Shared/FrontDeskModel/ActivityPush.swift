@@ -28,7 +28,10 @@ public enum ActivityPush {
         // Stale when its ETA has run out (a frozen "~2s left" must not look live), else at the dispatch's expiry.
         var stale = Int((RFC3339.parse(event.expiresAt) ?? at).timeIntervalSince1970)
         if let eta = event.etaMs, event.state == .sending, eta >= 0 {
-            stale = min(stale, timestamp + (eta + 999) / 1000 + etaGraceSeconds)
+            // Whole seconds, rounded up, without adding to an ETA that may be near Int.max
+            // (an event anyone can publish); past the expiry the expiry is the bound anyway.
+            let seconds = min(eta / 1000 + (eta % 1000 == 0 ? 0 : 1), 366 * 86_400)
+            stale = min(stale, timestamp + seconds + etaGraceSeconds)
         }
         var aps = ActivityPushPayload.APS(
             timestamp: timestamp, event: event.state.isTerminal ? "end" : "update", contentState: contentState(for: event, view: view),
@@ -49,7 +52,10 @@ public enum ActivityPush {
         // Too big: shorten the longest preview line or drop the oldest, then shorten the input echo.
         while data.count > maxBytes {
             var c = value.aps.contentState
-            if !c.preview.isEmpty {
+            if c.input.utf8.count > 512 {
+                // A long input first: the echo is a line or two on the lock screen, the preview is the news.
+                c.input = Self.halved(c.input)
+            } else if !c.preview.isEmpty {
                 if let longest = c.preview.indices.max(by: { c.preview[$0].utf8.count < c.preview[$1].utf8.count }),
                     c.preview[longest].utf8.count > 200
                 {

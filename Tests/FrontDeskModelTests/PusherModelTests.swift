@@ -204,6 +204,8 @@ struct APNsTests {
             ("nope", DeadLetterCode.invalidJSON), (#"{"id":"a b","pushToken":"ab"}"#, .invalidRequest),
             (#"{"id":"d","pushToken":"abc"}"#, .invalidRequest), (#"{"id":"d","pushToken":"zz"}"#, .invalidRequest),
             (#"{"id":"d","pushToken":"ab","environment":"dev"}"#, .invalidRequest), (#"{"id":"d","pushToken":"ab","environment":7}"#, .invalidRequest),
+            // JSON, but no object: the same code the router gives it.
+            ("42", .invalidRequest), (#""x""#, .invalidRequest), ("true", .invalidRequest),
         ] {
             guard case .failure(let r) = PushRegistration.parse(type: nil, body: Data(body.utf8)) else {
                 Issue.record("accepted \(body)")
@@ -266,5 +268,34 @@ struct FrontDeskActivityTests {
         let data = ActivityPush.payload(for: e, view: try #require(s.view(now: Date())))
         #expect(data.count <= ActivityPush.maxBytes)
         #expect((try? JSONDecoder().decode(ActivityPushPayload.self, from: data)) != nil)
+    }
+
+    @Test func aLongInputIsShortenedBeforeThePreviewIsDropped() throws {
+        var e = StatusEvent(
+            dispatchId: "d-1", seq: 5, state: .sending, step: 2, activity: "Drafting reply",
+            input: String(repeating: "Reply to Lisa about the AGM agenda. ", count: 111),  // ~4,000 characters
+            startedAt: "2026-05-13T09:41:00.000Z", at: "2026-05-13T09:41:04.000Z", elapsedMs: 4000, expiresAt: "2026-05-13T13:41:00.000Z")
+        e.preview = ["Hi Lisa,", "Confirmed for 14:00 on Thursday."]
+        var s = LiveActivityState()
+        s.apply(e)
+        let data = ActivityPush.payload(for: e, view: try #require(s.view(now: Date())))
+        let push = try JSONDecoder().decode(ActivityPushPayload.self, from: data)
+        #expect(data.count <= ActivityPush.maxBytes)
+        #expect(push.aps.contentState.preview == ["Hi Lisa,", "Confirmed for 14:00 on Thursday."])
+        #expect(push.aps.contentState.input.hasPrefix("Reply to Lisa"))
+    }
+
+    @Test func anETANearIntMaxNeitherTrapsNorOutlivesTheExpiry() throws {
+        // Status events can be published by anyone who may write to the exchange.
+        var e = StatusEvent(
+            dispatchId: "d-1", seq: 5, state: .sending, step: 2, activity: "Drafting reply", input: "Reply to Lisa",
+            startedAt: "2026-05-13T09:41:00.000Z", at: "2026-05-13T09:41:04.000Z", elapsedMs: 4000, expiresAt: "2026-05-13T13:41:00.000Z")
+        for eta in [Int.max, Int.max - 998, 86_400_000 * 400] {
+            e.etaMs = eta
+            var s = LiveActivityState()
+            s.apply(e)
+            let push = try JSONDecoder().decode(ActivityPushPayload.self, from: ActivityPush.payload(for: e, view: try #require(s.view(now: Date()))))
+            #expect(push.aps.staleDate == Int(try #require(RFC3339.parse(e.expiresAt)).timeIntervalSince1970))
+        }
     }
 }

@@ -23,7 +23,7 @@ public struct PushRegistration: Sendable, Equatable, Codable {
         if let type, !type.hasSuffix(".v1") {
             return .failure(.init(code: .unsupportedVersion, reason: "message type '\(type.prefix(100))' is not a .v1 type"))
         }
-        guard String(data: body, encoding: .utf8) != nil, let parsed = try? JSONSerialization.jsonObject(with: body) else {
+        guard String(data: body, encoding: .utf8) != nil, let parsed = try? JSONSerialization.jsonObject(with: body, options: .fragmentsAllowed) else {
             return .failure(.init(code: .invalidJSON, reason: "the body is not valid UTF-8 JSON"))
         }
         guard let o = parsed as? [String: Any] else {
