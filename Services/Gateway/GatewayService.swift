@@ -71,7 +71,7 @@ final class GatewayService: Service {
         let stop = await client.consume(
             ConsumerSpecification(queue: SharedTopology.statusLog, prefetchCount: 1000, arguments: ["x-stream-offset": .timestamp(since)]),
             deliver: { [self] d in
-                if d.properties.type == StatusEvent.type {
+                if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
                     state.take(d.body, messageID: d.properties.messageID, now: Date())
                 } else if d.properties.type == Self.markerType, d.properties.messageID == marker, d.properties.userID == login {
                     caughtUp.store(true, ordering: .releasing)
@@ -83,7 +83,9 @@ final class GatewayService: Service {
         let stopLive = await client.consume(
             ConsumerSpecification(queue: settings.liveQueue, prefetchCount: 1000, exclusive: true),
             deliver: { d in
-                if d.properties.type == StatusEvent.type { state.take(d.body, messageID: d.properties.messageID, now: Date()) }
+                if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
+                    state.take(d.body, messageID: d.properties.messageID, now: Date())
+                }
                 try? d.ack()
             },
             ended: {})
@@ -130,7 +132,7 @@ final class GatewayService: Service {
             ticks += 1
             if ticks % 4 == 0 {
                 let cutoff = Date().addingTimeInterval(-Double(settings.lifetimeSeconds) - 600)
-                state.prune(heardBefore: cutoff, maxBytes: settings.maxBookBytes)
+                state.prune(heardBefore: cutoff, maxBytes: settings.maxBookBytes, now: Date())
             }
         }
     }
@@ -180,7 +182,9 @@ final class GatewayService: Service {
     /// appear (it may have been posted to another replica just now).
     private func owned(_ id: String, by user: String) async throws(GatewayError) {
         if state.owner(id) == nil { _ = await state.waitForEvent(id, timeout: settings.firstEventWait) }
-        guard state.isOwned(id, by: user) else { throw .notFound }
+        // Theirs; or posted here by them and not known yet (the router may be slow
+        // or down: a cancel is still taken, and the router applies it when the request comes).
+        guard state.mayAct(on: id, user: user, now: Date()) else { throw .notFound }
     }
 
     private func answer(_ endpoint: GatewayEndpoint, _ request: AsyncHTTPRequest, _ responder: HTTPResponder) async throws -> Int {
@@ -193,6 +197,8 @@ final class GatewayService: Service {
                 header: ("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:"))
             return 200
         }
+        // Every /v1 request needs a token, also one for no endpoint or with the wrong method.
+        let user = request.path.hasPrefix("/v1") ? try user(request) : ""
         switch endpoint {
         case .notFound: throw GatewayError(404, "not_found", "no such endpoint")
         case .methodNotAllowed(let allowed):
@@ -201,10 +207,13 @@ final class GatewayService: Service {
             return 405
         default: break
         }
-        let user = try user(request)
         guard caughtUp.load(ordering: .acquiring) else {
             // Until the log is read up to now, "unknown" could be wrong: not an answer to give.
             throw GatewayError(503, "starting", "the gateway is still reading the status log; try again shortly")
+        }
+        guard client.isReady else {
+            // Without the broker nothing can be published, and presence and new events are unknown.
+            throw GatewayError(503, "unavailable", "the gateway has lost the broker; try again shortly")
         }
         switch endpoint {
         case .createDispatch:
@@ -214,6 +223,7 @@ final class GatewayService: Service {
             }
             if state.owner(id) == nil {
                 try await publish(CommandKey.request, id: id, body: body)
+                state.posted(id, by: user, now: Date())
                 _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
             }
             let answer = JSONWriter.object { json in
@@ -236,18 +246,18 @@ final class GatewayService: Service {
             state.subscribe(id, user: user, after: after, stream: stream)
             return 200
         case .cancel(let id):
+            try await owned(id, by: user)  // another's dispatch is 404, whatever the body
             let body = try GatewayBodies.cancel(request.body, id: id).get()
-            try await owned(id, by: user)
             try await publish(CommandKey.cancel, id: id, body: body)
             return json(responder, 202, JSONWriter.object { $0.field("id", id) })
         case .reroute(let id):
-            let body = try GatewayBodies.reroute(request.body, id: id, table: settings.table).get()
             try await owned(id, by: user)
+            let body = try GatewayBodies.reroute(request.body, id: id, table: settings.table).get()
             try await publish(CommandKey.reroute, id: id, body: body)
             return json(responder, 202, JSONWriter.object { $0.field("id", id) })
         case .activity(let id):
-            let body = try GatewayBodies.activity(request.body, id: id).get()
             try await owned(id, by: user)
+            let body = try GatewayBodies.activity(request.body, id: id).get()
             try await publish(CommandKey.activity, id: id, body: body)
             responder.answer(status: 204, contentType: "application/json", body: Data())
             return 204

@@ -29,7 +29,14 @@ final class GatewayState: Sendable {
         var streamsByUser: [String: Int] = [:]
         var waiters: [String: [Waiter]] = [:]
         var nextToken: UInt64 = 0
+        /// Ids this replica published a request for, by user, until their first
+        /// event: a cancel may come before it (the router remembers the cancel).
+        var posted: [String: (user: String, at: Date)] = [:]
     }
+
+    /// How long, and how many, posted ids are remembered without an event.
+    static let postedFor: TimeInterval = 600
+    static let maxPosted = 100_000
 
     private let state = Mutex(State())
     let metrics: GatewayMetrics
@@ -48,9 +55,17 @@ final class GatewayState: Sendable {
         guard let e = EventBook.read(body) else { return }
         let woken: [Waiter]? = state.withLock { s in
             guard s.book.add(id: e.id, seq: e.seq, state: e.state, user: e.user, body: body, now: now) else { return nil }
+            s.posted[e.id] = nil
             if var subscribers = s.subscribers[e.id] {
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: body)
+                let owner = s.book.owner(e.id) ?? nil
                 subscribers = subscribers.compactMap { sub in
+                    // A stream opened on a posted id before its first event: only its owner's events.
+                    guard owner == sub.user else {
+                        s.closed(sub)
+                        sub.stream.write(Data(), end: true)
+                        return nil
+                    }
                     guard e.seq > sub.lastSeq else { return sub }
                     let open = sub.stream.write(frame, end: e.state.isTerminal, limit: sub.liveLimit)
                     guard open, !e.state.isTerminal else {
@@ -80,6 +95,27 @@ final class GatewayState: Sendable {
     }
 
     func isOwned(_ id: String, by user: String) -> Bool { state.withLock { $0.book.isOwned(id, by: user) } }
+
+    /// Remembers that `user` posted a request for `id` through this replica.
+    func posted(_ id: String, by user: String, now: Date) {
+        state.withLock { s in
+            guard !s.book.knows(id) else { return }
+            if s.posted.count >= Self.maxPosted {
+                s.posted = s.posted.filter { now.timeIntervalSince($0.value.at) < Self.postedFor }
+                if s.posted.count >= Self.maxPosted { return }
+            }
+            s.posted[id] = (user, now)
+        }
+    }
+
+    /// The dispatch is `user`'s: known and theirs, or posted by them here and not known yet.
+    func mayAct(on id: String, user: String, now: Date) -> Bool {
+        state.withLock { s in
+            if s.book.knows(id) { return s.book.isOwned(id, by: user) }
+            guard let p = s.posted[id] else { return false }
+            return p.user == user && now.timeIntervalSince(p.at) < Self.postedFor
+        }
+    }
 
     /// Waits until the dispatch has an event, at most `timeout`; true when it has one.
     func waitForEvent(_ id: String, timeout: Duration) async -> Bool {
@@ -126,7 +162,8 @@ final class GatewayState: Sendable {
     /// event book); a live event, at most `HTTPStream.limit` more.
     func subscribe(_ id: String, user: String, after lastSeq: Int, stream: HTTPStream) {
         state.withLock { s in
-            guard s.book.isOwned(id, by: user) else {
+            let postedHere = !s.book.knows(id) && s.posted[id]?.user == user
+            guard s.book.isOwned(id, by: user) || postedHere else {
                 stream.write(Data(), end: true)
                 return
             }
@@ -165,9 +202,10 @@ final class GatewayState: Sendable {
         }
     }
 
-    func prune(heardBefore cutoff: Date, maxBytes: Int) {
+    func prune(heardBefore cutoff: Date, maxBytes: Int, now: Date) {
         state.withLock { s in
             s.book.prune(heardBefore: cutoff, maxBytes: maxBytes)
+            s.posted = s.posted.filter { now.timeIntervalSince($0.value.at) < Self.postedFor }
             metrics.dispatches.set(Double(s.book.count))
         }
     }

@@ -240,7 +240,9 @@ final class PusherService: Service {
         // Most events have no activity to push to: their dispatch and seq come from
         // the properties (`correlation_id`, `message_id` = `<id>/<seq>`), and the
         // body is decoded only for a dispatch with a token.
-        guard d.properties.type == nil || d.properties.type == StatusEvent.type, let id = d.properties.correlationID else {
+        guard d.properties.type == nil || d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d),
+            let id = d.properties.correlationID
+        else {
             try? d.ack()  // not a status event
             return
         }

@@ -23,6 +23,15 @@ public enum SharedTopology {
     /// Where the sender keeps a target's dispatches while it is offline.
     public static func parkQueue(_ r: RoutingTable.Route) -> String { "frontdesk.sender.park.\(r.project).\(r.target)" }
 
+    /// Status events reach the status log and the surfaces' queues through
+    /// `frontdesk.status`, where only the services may publish. Whoever may
+    /// write to the default exchange (every agent) can put a message in any of
+    /// those queues by its name; such a message carries the queue's name as its
+    /// routing key, never `status.…`, and is no status event.
+    public static func cameByTheStatusExchange(_ d: AMQPDelivery) -> Bool {
+        d.exchange == statusExchange || d.routingKey.hasPrefix("status.")
+    }
+
     public static func declare(on channel: AMQPChannel) async throws {
         try await channel.exchangeDeclare(commandsExchange, type: "topic")
         try await channel.exchangeDeclare(statusExchange, type: "topic")

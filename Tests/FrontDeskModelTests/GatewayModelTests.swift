@@ -180,6 +180,17 @@ struct EventBookTests {
         _ = add(&book, "d", 2, "cancelled")
         #expect(!add(&book, "d", 3, "sending"))
         #expect(book.isEnded("d"))
+        #expect(book.has("d", seq: 3))  // after the end: a copy needs no reading
+    }
+
+    @Test mutating func theEarlierEventsStillComeWhenTheTerminalOneCameFirst() {
+        // The live queue can deliver `replied` while the log is still being read from the start.
+        var book = EventBook()
+        _ = add(&book, "d", 4, "replied")
+        #expect(!book.has("d", seq: 1) && !book.has("d", seq: 3))
+        #expect(add(&book, "d", 1, "drafted") && add(&book, "d", 2, "routing") && add(&book, "d", 3, "sending"))
+        #expect(book.events("d", after: 0).map(\.seq) == [1, 2, 3, 4])
+        #expect(book.has("d", seq: 2) && book.has("d", seq: 5))
     }
 
     @Test func bodiesThatAreNoStatusEventsAreNotRead() {

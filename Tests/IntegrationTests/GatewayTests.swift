@@ -83,6 +83,11 @@ import Testing
             #expect(try await gw.call("POST", "/v1/dispatches/mine-1/cancel", user: "bob", body: "{}").status == 404)
             #expect(try await gw.call("POST", "/v1/dispatches/mine-1/reroute", user: "bob", body: #"{"project":"yemaya","target":"board-prep"}"#).status == 404)
             #expect(try await gw.call("PUT", "/v1/dispatches/mine-1/activity", user: "bob", body: #"{"pushToken":"abcd"}"#).status == 404)
+            // Another's dispatch is 404 whatever the body: ownership is checked first.
+            #expect(try await gw.call("POST", "/v1/dispatches/mine-1/reroute", user: "bob", body: #"{"project":"no","target":"such"}"#).status == 404)
+            #expect(try await gw.call("POST", "/v1/dispatches/mine-1/cancel", user: "bob", body: "nope").status == 404)
+            #expect(try await gw.call("PUT", "/v1/dispatches/mine-1/activity", user: "bob", body: #"{"pushToken":"ab","environment":5}"#).status == 404)
+            #expect(try await gw.call("PUT", "/v1/dispatches/mine-1/activity", body: #"{"pushToken":"ab","environment":5}"#).status == 400)
             let taken = try await gw.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"mine-1","input":"steal it"}"#)
             #expect(taken.status == 409)
             #expect(taken.body["error"] != nil)
@@ -93,16 +98,52 @@ import Testing
                 #expect((answer.body["error"] as? [String: Any])?["code"] as? String == "unauthorized")
             }
             #expect(try await gw.call("GET", "/v1/targets", user: nil).status == 401)
+            // Every /v1 request needs a token: also one for no endpoint, or with the wrong method.
+            #expect(try await gw.call("GET", "/v1/nope", user: nil).status == 401)
+            #expect(try await gw.call("DELETE", "/v1/dispatches/mine-1", user: nil).status == 401)
+            #expect(try await gw.call("GET", "/v1/nope").status == 404)
             // The user of a request is the token's, whatever the body says.
             let spoof = try await gw.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"bob-1","input":"x","user":"alice"}"#)
             #expect(spoof.status == 202)
             #expect(try await gw.call("GET", "/v1/dispatches/bob-1", user: "alice").status == 404)
             #expect(try await gw.call("GET", "/v1/dispatches/bob-1", user: "bob").body["user"] as? String == "bob")
 
-            // Nothing bob did reached alice's dispatch.
-            let latest = try await gw.call("GET", "/v1/dispatches/mine-1")
-            #expect(latest.body["state"] as? String == "queued")
-            #expect((latest.body["target"] as? [String: Any])?["id"] as? String == "legal")
+            // A status event put straight into the log by the default exchange (as any agent's
+            // user can) is no status event: a replica that reads the whole log ignores it.
+            let forged = #"{"dispatchId":"mine-1","seq":99,"state":"replied","user":"alice","reply":"forged","input":"x","startedAt":"2026-05-13T09:41:00.000Z","at":"2026-05-13T09:41:00.000Z","elapsedMs":0,"expiresAt":"2099-05-13T09:41:00.000Z"}"#
+            try await h.channel.publish(
+                exchange: "", routingKey: "frontdesk.status.log", body: Data(forged.utf8),
+                properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: "mine-1", messageID: "mine-1/99", type: "frontdesk.status.v1"))
+            let second = try await h.startGateway()
+
+            // Nothing bob did, nor the forgery, reached alice's dispatch.
+            for g in [gw, second] {
+                let latest = try await g.call("GET", "/v1/dispatches/mine-1")
+                #expect(latest.body["state"] as? String == "queued")
+                #expect((latest.body["target"] as? [String: Any])?["id"] as? String == "legal")
+            }
+        }
+    }
+
+    @Test func aCancelTakenWhileTheRouterIsDownEndsTheDispatchWhenItComes() async throws {
+        try await withHarness("gw-early-cancel") { h in
+            let router = try await h.startRouter()
+            try await h.startSender()
+            let gw = try await h.startGateway()
+            kill(router.processIdentifier, SIGKILL)
+            router.waitUntilExit()
+            // No event can come: the request waits in the broker, and so does the cancel.
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"early-1","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+            #expect(try await gw.call("POST", "/v1/dispatches/early-1/cancel", user: "bob", body: "{}").status == 404)
+            #expect(try await gw.call("POST", "/v1/dispatches/early-1/cancel", body: #"{"reason":"user"}"#).status == 202)
+            let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/early-1/events", token: TestGateway.tokens["alice"])
+            try await h.startRouter()
+            let events = try await h.events(untilEnded: "early-1")
+            #expect(events.filter { $0["dispatchId"] as? String == "early-1" }.last?["state"] as? String == "cancelled")
+            // The stream opened before the first event gets them all, and ends with the cancel.
+            try await waitUntil("the stream to end", within: .seconds(5)) { sse.isClosed }
+            #expect(sse.events.last?.event == "cancelled")
+            #expect(sse.events.first?.id == "1")
         }
     }
 

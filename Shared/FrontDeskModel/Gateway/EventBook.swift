@@ -56,10 +56,14 @@ public struct EventBook: Sendable {
 
     public func knows(_ id: String) -> Bool { entries[id] != nil }
 
-    /// Whether the event `seq` of `id` is known (or the dispatch ended): a second copy needs no reading.
+    /// Whether the event `seq` of `id` is known, or comes after the dispatch
+    /// ended: a second copy needs no reading. An earlier event of an ended
+    /// dispatch is not known yet when the terminal one came first (by the live
+    /// queue, while the log was still being read): it is still wanted.
     public func has(_ id: Substring, seq: Int) -> Bool {
         guard let e = entries[String(id)] else { return false }
-        return e.terminal || e.events.contains { $0.seq == seq }
+        if let last = e.events.last, last.state.isTerminal, seq > last.seq { return true }
+        return e.events.contains { $0.seq == seq }
     }
 
     /// The dispatch's owner, when the dispatch is known (nil inside: a request without a user).

@@ -210,8 +210,8 @@ public enum GatewayBodies {
         else {
             return .failure(.invalid("'pushToken' must be an even number (2–512) of hex digits"))
         }
-        let environment = (object["environment"] as? String) ?? "production"
-        guard environments.contains(environment) else {
+        let environment = object["environment"] == nil ? "production" : object["environment"] as? String
+        guard let environment, environments.contains(environment) else {
             return .failure(.invalid("'environment' must be production or sandbox"))
         }
         return .success(JSONWriter.object { json in
