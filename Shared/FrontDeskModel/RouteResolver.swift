@@ -179,12 +179,14 @@ public struct RouteResolver: Sendable {
             searchStart = input.index(after: at)
             // "lisa@example.com" is an address, not a mention.
             if at > input.startIndex, input[input.index(before: at)].isLetter || input[input.index(before: at)].isNumber { continue }
-            if let r = mention(in: after) { return r }
+            if let r = mention(in: after, input: input) { return r }
         }
         return nil
     }
 
-    private func mention(in text: Substring) -> RouteResolution? {
+    /// `text` is what follows the `@`; `input` the whole request, which a
+    /// project's best target is scored on.
+    private func mention(in text: Substring, input: String) -> RouteResolution? {
         let token = text.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "/" || $0 == "_" }
         if let slash = token.firstIndex(of: "/") {
             let pKey = String(token[..<slash]).lowercased(), tKey = String(token[token.index(after: slash)...]).lowercased()
@@ -204,7 +206,7 @@ public struct RouteResolver: Sendable {
             }
         }
         for (index, p) in projectNames.enumerated() where p.id == id || p.names.contains(where: { words.starts(with: $0) }) {
-            let route = bestTarget(of: table.projects[index], input: String(text))
+            let route = bestTarget(of: table.projects[index], input: input)
             return exact(route, reason: "mention: @\(p.id)", .mention)
         }
         return nil

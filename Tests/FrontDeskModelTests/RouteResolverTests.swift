@@ -58,6 +58,9 @@ struct RouteResolverTests {
         .init(input: "@acme please, about the contract", expected: "acme/legal", source: .mention),
         .init(input: "@acme hello", expected: "acme/ops", source: .mention),
         .init(input: "@yem the donor list", expected: "yemaya/fundraising", source: .mention),
+        // The project's best target is scored on the whole request, also the words before the "@".
+        .init(input: "Thank the donor for the gala pledge @yemaya", expected: "yemaya/fundraising", source: .mention),
+        .init(input: "the contract, please @acme", expected: "acme/legal", source: .mention),
         .init(input: "write to x@legal about the gala", expected: "yemaya/fundraising", source: .score),
         .init(input: "@nobody here, the gala", expected: "yemaya/fundraising", source: .score),
         // 3. Scores: whole words, case and diacritics, phrases, ties.
