@@ -122,11 +122,11 @@ extension SenderTerm {
     /// later leaders, so that a cancel or reroute acts on it without the copy.
     func waitingRecord(_ copy: ParkedDispatch, body: Data) -> OutboundMessage {
         let id = copy.record.id
-        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body)
-        return OutboundMessage(
-            exchange: "", routingKey: SenderTopology.statusLog, body: body,
-            properties: .persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType)
-                .stamped(by: login))
+        let expiresAt = RFC3339.parse(copy.record.expiresAt).map(StatusLog.seconds)
+        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body, expiresAt: expiresAt)
+        var properties = AMQPProperties.persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType)
+        if let expiresAt { properties.headers = [StatusLog.expiresAtHeader: .int64(Int64(expiresAt))] }
+        return OutboundMessage(exchange: "", routingKey: SenderTopology.statusLog, body: body, properties: properties.stamped(by: login))
     }
 }
 

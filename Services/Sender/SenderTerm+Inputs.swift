@@ -53,6 +53,10 @@ extension SenderTerm {
                 held[due.key] = h
                 try await execute(actions, id: due.key)
             }
+            if now.timeIntervalSince(lastExpirySweep) >= 1 {
+                lastExpirySweep = now
+                try await expireWaiting(now: now)
+            }
         case .presence(let snapshot):
             try await presenceChanged(snapshot, now: now)
         }
@@ -129,6 +133,21 @@ extension SenderTerm {
         case .take(let machine, let actions):
             held[id] = Held(machine: machine, lease: d)
             try await execute(actions, id: id, window: window)
+        }
+    }
+
+    /// Ends, at their expiry, dispatches that wait in a queue (parked, or
+    /// waiting for a retry), from the copies the log keeps — as a cancel
+    /// does: the copy in the broker is dropped when it surfaces. A park
+    /// queue's own TTL fires only at the queue's head, which a copy with a
+    /// longer lifetime can hold for hours; the contract allows 5 s.
+    private func expireWaiting(now: Date) async throws {
+        for id in statusLog.dueWaiting(now: now, limit: 1000) where held[id] == nil {
+            guard case .actOnCopy(var machine) = SenderDecisions.expiry(known: statusLog.knowledge(id), policy: policy) else { continue }
+            let actions = machine.timerFired(now: max(now, machine.expiresAtDate), targetOnline: false, jitter: 0)
+            held[id] = Held(machine: machine, lease: nil)
+            metrics.dispatches.increment("expired_waiting")
+            try await execute(actions, id: id)
         }
     }
 

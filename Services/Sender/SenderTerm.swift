@@ -106,6 +106,7 @@ final class SenderTerm {
     var delayQueues: Set<String> = []
     var pendingCommands = PendingCommands()
     var lastCommandsPrune = Date.distantPast
+    var lastExpirySweep = Date.distantPast
     /// At most this many commands for dispatches not seen yet are kept (a
     /// flood of cancels for unknown ids must not grow memory without bound).
     static let maxPendingCommands = 100_000

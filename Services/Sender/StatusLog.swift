@@ -34,12 +34,17 @@ final class StatusLog: Sendable {
         var ended: Bool { terminal || finished }
     }
 
-    private struct State {
+    fileprivate struct State {
         var entries: [String: Entry] = [:]
         /// The current waiting copy of each dispatch that waits, not ended:
         /// what a cancel or reroute needs to act at once, without the copy
         /// that sits in a park or delay queue.
         var waiting: [String: Data] = [:]
+        /// When each waiting dispatch's lifetime ends (seconds since 1970).
+        /// A park queue expires a message only once it reaches the queue's
+        /// head, so an older copy with a longer lifetime would hold a shorter
+        /// one back for hours; the leader ends these itself (`dueWaiting`).
+        var expiries: [String: UInt32] = [:]
         var markers: [String: CheckedContinuation<Bool, Never>] = [:]
         var arrivedMarkers: Set<String> = []
     }
@@ -86,9 +91,11 @@ final class StatusLog: Sendable {
     /// (noted by the leader as it publishes the copy, and read back from the
     /// log at takeover, where id and seq come from the record's properties:
     /// no JSON is parsed).
-    func noteWaiting(id: String, copySeq: Int, body: Data) {
+    func noteWaiting(id: String, copySeq: Int, body: Data, expiresAt: UInt32?) {
         let seq = Int32(clamping: copySeq)
         let now = Self.now
+        // A record without its lifetime (written by an older sender) is read for it.
+        let expiry = expiresAt ?? (try? ParkedDispatch(jsonData: body)).flatMap { RFC3339.parse($0.record.expiresAt) }.map(Self.seconds)
         state.withLock { s in
             var e = s.entries[id] ?? Entry()
             e.seenAt = now
@@ -96,8 +103,31 @@ final class StatusLog: Sendable {
             e.copySeq = seq
             s.entries[id] = e
             s.waiting[id] = body
+            s.expiries[id] = expiry
         }
     }
+
+    /// Seconds since 1970, clamped to what a UInt32 holds (no trap for any date).
+    static func seconds(_ date: Date) -> UInt32 {
+        let t = date.timeIntervalSince1970
+        return t.isFinite ? UInt32(clamping: Int(max(0, min(t, Double(UInt32.max))))) : 0
+    }
+
+    /// The waiting dispatches whose lifetime has ended by `now`, at most `limit`.
+    func dueWaiting(now: Date, limit: Int) -> [String] {
+        let now = Self.seconds(now)
+        return state.withLock { s in
+            var due: [String] = []
+            for (id, at) in s.expiries where at <= now {
+                due.append(id)
+                if due.count >= limit { break }
+            }
+            return due
+        }
+    }
+
+    /// The header on a waiting record that carries the dispatch's expiry (seconds since 1970).
+    static let expiresAtHeader = "x-frontdesk-expires-at"
 
     /// When the reader last took a message (seconds since 1970): a wait for a
     /// marker gives up only once the reader stops making progress.
@@ -124,7 +154,9 @@ final class StatusLog: Sendable {
             guard let id = d.properties.correlationID, let messageID = d.properties.messageID,
                 let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...])
             else { return }
-            noteWaiting(id: id, copySeq: seq, body: d.body)
+            var expiresAt: UInt32?
+            if case .int64(let t)? = d.properties.headers?[Self.expiresAtHeader] { expiresAt = UInt32(clamping: t) }
+            noteWaiting(id: id, copySeq: seq, body: d.body, expiresAt: expiresAt)
             return
         }
         if d.properties.type == Self.markerType, d.routingKey == Self.stream, let marker = d.properties.messageID {
@@ -154,14 +186,14 @@ final class StatusLog: Sendable {
             e.lastSeq = max(e.lastSeq, Int32(clamping: seq))
             e.terminal = e.terminal || terminal
         }
-        if terminal { state.withLock { _ = $0.waiting.removeValue(forKey: id) } }
+        if terminal { state.withLock { s in s.stopWaiting(id) } }
     }
 
     func markAccepted(_ id: String) { update(id) { $0.accepted = true } }
 
     func markFinished(_ id: String) {
         update(id) { $0.finished = true }
-        state.withLock { _ = $0.waiting.removeValue(forKey: id) }
+        state.withLock { s in s.stopWaiting(id) }
     }
 
     /// Waits until the marker published with this id has been read.
@@ -188,6 +220,14 @@ final class StatusLog: Sendable {
         state.withLock { s in
             s.entries = s.entries.filter { $0.value.seenAt > horizon }
             s.waiting = s.waiting.filter { s.entries[$0.key] != nil }
+            s.expiries = s.expiries.filter { s.entries[$0.key] != nil }
         }
+    }
+}
+
+extension StatusLog.State {
+    fileprivate mutating func stopWaiting(_ id: String) {
+        waiting[id] = nil
+        expiries[id] = nil
     }
 }

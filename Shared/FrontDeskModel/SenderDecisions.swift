@@ -197,6 +197,16 @@ public enum SenderDecisions {
         }
     }
 
+    /// A waiting dispatch whose lifetime ended: acted on from the copy the
+    /// log keeps while nothing was published since it was written (else it
+    /// was taken up, and its own timers or its copy end it).
+    public static func expiry(known: DispatchKnowledge?, policy: RetryPolicy) -> CommandOutcome {
+        guard let known, !known.ended, known.lastSeq <= known.copySeq, let copy = known.waiting, copy.lastSeq == known.copySeq,
+            let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
+        else { return .ignore }
+        return .actOnCopy(machine)
+    }
+
     /// A cancel or reroute.
     public static func command(_ command: SenderCommand, known: DispatchKnowledge?, held: Bool, policy: RetryPolicy) -> CommandOutcome {
         if known?.ended == true { return .ignore }

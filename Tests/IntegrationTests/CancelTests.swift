@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import FrontDeskModel
 import Testing
 
 extension BrokerIntegration {
@@ -152,6 +153,35 @@ extension BrokerIntegration {
                 let expires = try #require((queued["expiresAt"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) })
                 #expect(expires.timeIntervalSince(intake) <= 14_400 + 5)
                 #expect(try await h.messages("frontdesk.sender.park.yemaya.board-prep") == 2)
+            }
+        }
+
+        @Test func aParkedDispatchExpiresOnTimeBehindOneThatLivesLonger() async throws {
+            // A park queue expires a message only at its head: the 4-hour one
+            // in front would hold the short one back for hours.
+            try await withHarness("expiry-behind") { h in
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                try await h.waitUntilLeading(sender)
+                try await h.publish("dispatch.request", #"{"id":"long-1","input":"the agm agenda"}"#)
+                _ = try await h.events(until: "long-1", reaches: "queued")
+                let created = RFC3339.format(Date().addingTimeInterval(-14_400 + 2))
+                try await h.publish("dispatch.request", #"{"id":"short-1","input":"the agm agenda","createdAt":"\#(created)"}"#)
+                let events = try await h.events(until: "short-1", reaches: "failed", within: .seconds(15))
+                let failed = try #require(events.first { $0["dispatchId"] as? String == "short-1" && $0["state"] as? String == "failed" })
+                #expect((failed["error"] as? [String: Any])?["code"] as? String == "expired")
+                let expires = try #require((failed["expiresAt"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) })
+                let at = try #require((failed["at"] as? String).flatMap { ISO8601DateFormatter.withFractions.date(from: $0) })
+                #expect(at.timeIntervalSince(expires) >= 0 && at.timeIntervalSince(expires) <= 5, "expired \(at.timeIntervalSince(expires)) s after expiresAt")
+                #expect(!events.contains { $0["dispatchId"] as? String == "long-1" })  // the long one waits on
+                // The leader's successor knows it ended, too: its copy, when it surfaces, is dropped.
+                kill(sender.processIdentifier, SIGKILL)
+                sender.waitUntilExit()
+                let next = try await h.startSender()
+                try await h.waitUntilLeading(next)
+                try await h.publish("dispatch.cancel", #"{"id":"long-1"}"#)
+                let after = try await h.events(until: "long-1", reaches: "cancelled")
+                #expect(!after.contains { $0["dispatchId"] as? String == "short-1" }, "a second end for short-1")
             }
         }
     }
