@@ -130,8 +130,9 @@ public struct DispatchMachine: Sendable {
     /// queued until one returns, as the next attempt.
     public mutating func agentWentOffline(now: Date) -> [Action] {
         guard case .inFlight = phase else { return [] }
+        // The failed event shows the last attempt made, never one above the maximum.
+        if attempt >= policy.maxAttempts { return fail(now: now, "retries_exhausted", "no final reply after \(policy.maxAttempts) attempts") }
         attempt += 1
-        if attempt > policy.maxAttempts { return fail(now: now, "retries_exhausted", "no final reply after \(policy.maxAttempts) attempts") }
         phase = .parked
         latestEtaMs = nil
         return parkAndQueue(now: now)

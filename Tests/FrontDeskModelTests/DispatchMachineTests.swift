@@ -202,6 +202,20 @@ struct DispatchMachineTests {
         #expect(m.rerouteRequested(project: .init(id: "yemaya", name: "Yemaya", glyph: "YE"), target: .init(id: "board-prep", name: "Board Prep"), now: at(4), targetOnline: true) == .refused)
     }
 
+    @Test func anAgentLostOnTheLastAttemptFailsWithThatAttempt() {
+        var m = DispatchMachine(record: routedRecord(), policy: policy, seqFloor: 2)!
+        _ = m.received(now: at(1), targetOnline: true)
+        var last: [DispatchMachine.Action] = []
+        for i in 0..<policy.maxAttempts {
+            last = m.agentWentOffline(now: at(2 + 2 * Double(i)))
+            if last.events.contains(where: { $0.state.isTerminal }) { break }
+            _ = m.agentCameOnline(now: at(3 + 2 * Double(i)))
+        }
+        let failed = last.events.first { $0.state == .failed }
+        #expect(failed?.error?.code == "retries_exhausted")
+        #expect(failed?.attempt == policy.maxAttempts)
+    }
+
     @Test func seqOnlyGrowsAndExactlyOneTerminal() {
         var m = DispatchMachine(record: routedRecord(), policy: policy, seqFloor: 40)!
         var all: [StatusEvent] = []
