@@ -201,10 +201,19 @@ public enum SenderDecisions {
     /// log keeps while nothing was published since it was written (else it
     /// was taken up, and its own timers or its copy end it).
     public static func expiry(known: DispatchKnowledge?, policy: RetryPolicy) -> CommandOutcome {
-        guard let known, !known.ended, known.lastSeq <= known.copySeq, let copy = known.waiting, copy.lastSeq == known.copySeq,
-            let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
-        else { return .ignore }
+        guard let known, !known.ended, let machine = endingMachine(known, policy: policy) else { return .ignore }
         return .actOnCopy(machine)
+    }
+
+    /// A machine that can end the dispatch from the copy the log keeps, also
+    /// when a leader that died took it up since (the log shows events after
+    /// the copy): an end needs nothing of what happened since but the seq,
+    /// and the events are numbered above it. Its lease — back in a queue no
+    /// one may read for hours (the park queue of a target gone offline) — is
+    /// dropped when it surfaces, as the dispatch has ended.
+    static func endingMachine(_ known: DispatchKnowledge, policy: RetryPolicy) -> DispatchMachine? {
+        guard let copy = known.waiting, copy.lastSeq == known.copySeq else { return nil }
+        return DispatchMachine(parked: copy, policy: policy, seqFloor: max(copy.lastSeq, known.lastSeq))
     }
 
     /// A cancel or reroute.
@@ -217,6 +226,12 @@ public enum SenderDecisions {
         if let known, known.lastSeq <= known.copySeq, let copy = known.waiting, copy.lastSeq == known.copySeq,
             let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
         {
+            return .actOnCopy(machine)
+        }
+        // Taken up since by a leader that died: a cancel still ends it at once
+        // (the contract's 1 s holds in every state); a reroute changes nothing
+        // once delivered, and waits for the copy, which tells.
+        if case .cancel = command, let known, let machine = endingMachine(known, policy: policy) {
             return .actOnCopy(machine)
         }
         return .remember

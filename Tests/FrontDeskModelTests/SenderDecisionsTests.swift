@@ -168,6 +168,20 @@ struct SenderDecisionsTests {
         #expect(a.first?.deliveredAttempt == 1 && a.events.first?.target?.id == "board-prep")
         // Numbered above anything the dead leader may have published.
         #expect((a.events.first?.seq ?? 0) > afterDelivery.lastSeq + 1000 - 1)
+
+        // A cancel does not wait for the copy: it ends the dispatch at once, numbered above the log.
+        guard case .actOnCopy(var m) = SenderDecisions.command(.cancel(id: "d-1", reason: "user"), known: afterDelivery, held: false, policy: policy)
+        else {
+            Issue.record("a cancel waited for an out-of-date copy")
+            return
+        }
+        let cancelled = m.cancelRequested(reason: "user", now: at(5)).events
+        #expect(cancelled.map(\.state) == [.cancelled] && cancelled.first?.seq == afterDelivery.lastSeq + 1)
+        // So does the end of its lifetime.
+        guard case .actOnCopy = SenderDecisions.expiry(known: afterDelivery, policy: policy) else {
+            Issue.record("an expiry waited for an out-of-date copy")
+            return
+        }
     }
 
     @Test func aCancelKeptBeforeTheRequestEndsTheHandOffAndAParkedCopyWaitsForAnAgent() throws {

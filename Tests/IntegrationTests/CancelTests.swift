@@ -218,6 +218,38 @@ extension BrokerIntegration.CancelTests {
             await board.stop()
         }
     }
+
+    /// The same, and its agent gone for good: the lease is back in a park
+    /// queue nobody reads while the target is offline. A cancel under the next
+    /// leader still ends it within 1 s, numbered above what the log shows.
+    @Test func aCancelAfterATakeoverOfADeliveredDispatchWhoseAgentLeftEndsItAtOnce() async throws {
+        try await withHarness("cancel-after-delivery") { h in
+            try await h.startRouter()
+            let first = try await h.startSender()
+            try await h.waitUntilLeading(first)
+            try await h.publish("dispatch.request", #"{"id":"cd-1","input":"the agm agenda"}"#)
+            _ = try await h.events(until: "cd-1", reaches: "queued")
+            let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
+            let before = try await h.events(until: "cd-1", reaches: "sending")
+            kill(first.processIdentifier, SIGKILL)
+            await silent.stop()
+            let second = try await h.startSender()
+            try await h.waitUntilLeading(second)
+            let sent = ContinuousClock.now
+            try await h.publish("dispatch.cancel", #"{"id":"cd-1","reason":"user"}"#)
+            let events = try await h.events(until: "cd-1", reaches: "cancelled", within: .seconds(5))
+            let took = ContinuousClock.now - sent
+            #expect(took < .seconds(1), "cancelled after \(took)")
+            let lastBefore = before.filter { $0["dispatchId"] as? String == "cd-1" }.compactMap { $0["seq"] as? Int }.max() ?? 0
+            let cancelled = try #require(events.first { $0["dispatchId"] as? String == "cd-1" && $0["state"] as? String == "cancelled" })
+            #expect((cancelled["seq"] as? Int ?? 0) > lastBefore)
+            // When an agent comes, nothing reaches it: the lease is dropped.
+            let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            try await h.waitUntil("the park queue drained") { try await h.messages("frontdesk.sender.park.yemaya.board-prep") == 0 }
+            #expect(await board.tasks.all.isEmpty)
+            await board.stop()
+        }
+    }
 }
 
 extension BrokerIntegration.UntrustedInputTests {
