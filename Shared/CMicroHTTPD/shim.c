@@ -511,7 +511,9 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+        // A request head must fit: GET /v1/route?input= with 4,000 code points
+        // percent-encoded is up to 48 KB. Pages of the pool never written stay unmapped.
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, server,
         MHD_OPTION_END);

@@ -242,6 +242,11 @@ import Testing
             #expect(guess.status == 200)
             #expect((guess.body["target"] as? [String: Any])?["id"] as? String == "board-prep")
             #expect(((guess.body["route"] as? [String: Any])?["reason"] as? String)?.isEmpty == false)
+            // The longest input a request may have, of two-byte characters: ~24 KB percent-encoded in the URL.
+            let longest = "Lisa: the AGM agenda " + String(repeating: "é", count: 4000 - 21)
+            let long = try await gw.call("GET", "/v1/route?input=" + longest.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)
+            #expect(long.status == 200)
+            #expect((long.body["target"] as? [String: Any])?["id"] as? String == "board-prep")
 
             let registered = try await gw.call("PUT", "/v1/dispatches/park-1/activity", body: #"{"pushToken":"00FFab12","environment":"sandbox"}"#)
             #expect(registered.status == 204)
