@@ -62,8 +62,35 @@ final class PusherService: Service {
     /// The newest status event of each dispatch that had no token yet (acked):
     /// a token read a moment later pushes it at once, so a dispatch faster than
     /// its registration's trip through the token log still shows its state.
-    private let untokened = Mutex<[String: (seq: Int, body: Data)]>([:])
+    private let untokened = Mutex(Untokened())
+    /// The newest event of each dispatch with no token yet, within a count and
+    /// a byte budget (most dispatches never get a token; an event can be ~20 KB).
+    struct Untokened {
+        var events: [String: (seq: Int, body: Data)] = [:]
+        var bytes = 0
+
+        mutating func keep(_ id: String, seq: Int, body: Data) {
+            if let old = events[id] {
+                guard old.seq < seq else { return }
+                bytes -= old.body.count
+            }
+            while events[id] == nil, events.count >= PusherService.maxUntokened || bytes + body.count > PusherService.maxUntokenedBytes,
+                let any = events.keys.first
+            {
+                bytes -= events.removeValue(forKey: any)?.body.count ?? 0
+            }
+            events[id] = (seq, body)
+            bytes += body.count
+        }
+
+        mutating func take(_ id: String) -> (seq: Int, body: Data)? {
+            guard let e = events.removeValue(forKey: id) else { return nil }
+            bytes -= e.body.count
+            return e
+        }
+    }
     static let maxUntokened = 100_000
+    static let maxUntokenedBytes = 64 << 20
     private let scheduler = Mutex(PushScheduler())
     private let held = Mutex<[UInt64: AMQPDelivery]>([:])
     private let nextTag = Atomic<UInt64>(0)
@@ -174,7 +201,7 @@ final class PusherService: Service {
             let at = d.properties.timestamp.map { Date(timeIntervalSince1970: Double(min($0, 253_402_300_799))) } ?? Date()
             tokens.withLock { $0[r.id] = Registered(registration: r, at: at) }
             // Events that came first (this replica acts): the newest is pushed now.
-            if let kept = untokened.withLock({ $0.removeValue(forKey: r.id) }),
+            if let kept = untokened.withLock({ $0.take(r.id) }),
                 let event = try? JSONDecoder().decode(StatusEvent.self, from: kept.body)
             {
                 submit(event, delivery: nil)
@@ -257,12 +284,7 @@ final class PusherService: Service {
         }
         guard tokens.withLock({ $0[id] }) != nil else {
             // No activity to push to yet: kept (the newest only), in case its token is on its way.
-            untokened.withLock { u in
-                if (u[id]?.seq ?? 0) < seq {
-                    if u.count >= Self.maxUntokened, u[id] == nil, let any = u.keys.first { u[any] = nil }
-                    u[id] = (seq, d.body)
-                }
-            }
+            untokened.withLock { $0.keep(id, seq: seq, body: d.body) }
             try? d.ack()
             return
         }
