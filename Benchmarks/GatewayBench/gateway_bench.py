@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "evidence"))
 import harness  # noqa: E402
 
-USERS = 25  # 40 streams each: under the gateway's 64 streams per user
+USERS = 25  # 40 streams each, as many users' phones and tabs would hold
 
 
 def token(i):

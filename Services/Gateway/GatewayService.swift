@@ -22,6 +22,8 @@ final class GatewayService: Service {
         var keepAliveInterval: Duration = .seconds(15)
         /// The event book's size limit; ended dispatches heard of longest ago go first.
         var maxBookBytes = 512 << 20
+        /// Open event streams one user may hold: more answer 429.
+        var maxStreamsPerUser = GatewayState.defaultMaxStreamsPerUser
     }
 
     let client: AMQPClient
@@ -40,7 +42,7 @@ final class GatewayService: Service {
         self.client = client
         self.settings = settings
         self.logger = logger
-        self.state = GatewayState(metrics: GatewayMetrics(metrics))
+        self.state = GatewayState(metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser)
         self.page = page
         self.presence = Presence(client: client, table: settings.table)
         (stopStream, stopSignal) = AsyncStream<Void>.makeStream()
@@ -239,7 +241,7 @@ final class GatewayService: Service {
         case .events(let id):
             try await owned(id, by: user)
             guard state.mayOpenStream(user) else {
-                throw GatewayError(429, "too_many_streams", "at most \(GatewayState.maxStreamsPerUser) open event streams per user")
+                throw GatewayError(429, "too_many_streams", "at most \(settings.maxStreamsPerUser) open event streams per user")
             }
             let after = ServerSentEvents.lastSeq(request.headers["last-event-id"])
             guard let stream = responder.stream(status: 200, contentType: "text/event-stream; charset=utf-8") else { return 499 }

@@ -41,7 +41,13 @@ final class GatewayState: Sendable {
     private let state = Mutex(State())
     let metrics: GatewayMetrics
 
-    init(metrics: GatewayMetrics) { self.metrics = metrics }
+    /// Open event streams one user may hold.
+    let maxStreamsPerUser: Int
+
+    init(metrics: GatewayMetrics, maxStreamsPerUser: Int = GatewayState.defaultMaxStreamsPerUser) {
+        self.metrics = metrics
+        self.maxStreamsPerUser = maxStreamsPerUser
+    }
 
     /// Takes one status event body from the log; writes it to the dispatch's
     /// open streams and wakes the requests waiting for it.
@@ -150,10 +156,12 @@ final class GatewayState: Sendable {
 
     /// Open event streams one user may hold: more answer 429, so one
     /// user's clients cannot take every connection of the gateway.
-    static let maxStreamsPerUser = 64
+    /// A sixteenth of the connections the gateway serves at most: room for a
+    /// user's many tabs and devices, never all of the gateway.
+    static let defaultMaxStreamsPerUser = 1024
 
     func mayOpenStream(_ user: String) -> Bool {
-        state.withLock { ($0.streamsByUser[user] ?? 0) < Self.maxStreamsPerUser }
+        state.withLock { ($0.streamsByUser[user] ?? 0) < maxStreamsPerUser }
     }
 
     /// Opens an event stream for `user`'s dispatch: the events after

@@ -13,6 +13,9 @@ let (configuration, values) = ServiceBootstrap.configurationOrExit(
     extra: [
         .init("FRONTDESK_GATEWAY_PORT", default: "8080", help: "port of the HTTP API and the page"),
         .init("FRONTDESK_GATEWAY_TOKENS", default: "none: every /v1 request answers 401", help: "JSON file: token SHA-256 (hex) → user id"),
+        .init(
+            "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: "\(GatewayState.defaultMaxStreamsPerUser)",
+            help: "open event streams one user may hold (more answer 429)"),
     ])
 let table = ServiceBootstrap.routingTableOrExit(configuration)
 
@@ -22,8 +25,11 @@ func exitWithUsage(_ message: String) -> Never {
 }
 
 let port: Int
+let streamsPerUser: Int
 do {
     port = try values.int("FRONTDESK_GATEWAY_PORT", default: 8080, in: 0...65535)
+    streamsPerUser = try values.int(
+        "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: GatewayState.defaultMaxStreamsPerUser, in: 1...Int(HTTPServer.maxConnections))
 } catch {
     exitWithUsage(error.message)
 }
@@ -68,7 +74,8 @@ if page.count != GatewayEndpoint.pageFiles.count {
 let gateway = GatewayService(
     client: bootstrap.client,
     settings: .init(
-        tokens: tokens, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue),
+        tokens: tokens, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue,
+        maxStreamsPerUser: streamsPerUser),
     logger: bootstrap.logger, metrics: bootstrap.metrics, page: page)
 
 let api: AsyncHTTPServer

@@ -301,14 +301,23 @@ import Testing
             #expect(events.last?.event == "replied", "got \(events.count) events, \(sse.text.utf8.count) bytes")
             #expect(sse.text.utf8.count > 1 << 20, "more than the 1 MiB a slow client could queue live")
 
-            // One user's streams are capped; another user is not affected.
-            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"cap-1","input":"the contract","project":"yemaya","target":"board-prep"}"#).status == 202)
+            // One user's streams are capped (FRONTDESK_GATEWAY_STREAMS_PER_USER; 1,024 by
+            // default, 64 here); another user is not affected.
+            let capped = try await h.startGateway(extraEnvironment: ["FRONTDESK_GATEWAY_STREAMS_PER_USER": "64"])
+            #expect(try await capped.call("POST", "/v1/dispatches", body: #"{"id":"cap-1","input":"the contract","project":"yemaya","target":"board-prep"}"#).status == 202)
             var open: [SSEClient] = []
-            for _ in 0..<64 { open.append(try SSEClient(port: gw.port, path: "/v1/dispatches/cap-1/events", token: TestGateway.tokens["alice"])) }
+            for _ in 0..<64 { open.append(try SSEClient(port: capped.port, path: "/v1/dispatches/cap-1/events", token: TestGateway.tokens["alice"])) }
             try await waitUntil("64 streams open", within: .seconds(10)) { open.allSatisfy { $0.status == 200 } }
-            let refused = try await gw.call("GET", "/v1/dispatches/cap-1/events")
+            let refused = try await capped.call("GET", "/v1/dispatches/cap-1/events")
             #expect(refused.status == 429)
-            #expect(try await gw.call("GET", "/v1/dispatches/cap-1").status == 200)
+            #expect(try await capped.call("GET", "/v1/dispatches/cap-1").status == 200)
+            #expect(try await capped.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"cap-bob","input":"the contract","project":"yemaya","target":"board-prep"}"#).status == 202)
+            let bobs = try SSEClient(port: capped.port, path: "/v1/dispatches/cap-bob/events", token: TestGateway.tokens["bob"])
+            try await waitUntil("bob's stream open", within: .seconds(5)) { bobs.status == 200 }
+            // The default leaves room for more than 64 of one user's streams.
+            var more: [SSEClient] = []
+            for _ in 0..<80 { more.append(try SSEClient(port: gw.port, path: "/v1/dispatches/cap-1/events", token: TestGateway.tokens["alice"])) }
+            try await waitUntil("80 streams open", within: .seconds(10)) { more.allSatisfy { $0.status == 200 } }
         }
     }
 
