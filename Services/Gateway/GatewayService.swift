@@ -74,7 +74,7 @@ final class GatewayService: Service {
             ConsumerSpecification(queue: SharedTopology.statusLog, prefetchCount: 1000, arguments: ["x-stream-offset": .timestamp(since)]),
             deliver: { [self] d in
                 if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
-                    state.take(d.body, messageID: d.properties.messageID, now: Date())
+                    publishDeferred(state.take(d.body, messageID: d.properties.messageID, now: Date()))
                 } else if d.properties.type == Self.markerType, d.properties.messageID == marker, d.properties.userID == login {
                     caughtUp.store(true, ordering: .releasing)
                 }
@@ -84,9 +84,9 @@ final class GatewayService: Service {
         // Every event comes twice, by the log and by the live queue: whichever is first counts, the book drops the other.
         let stopLive = await client.consume(
             ConsumerSpecification(queue: settings.liveQueue, prefetchCount: 1000, exclusive: true),
-            deliver: { d in
+            deliver: { [self] d in
                 if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
-                    state.take(d.body, messageID: d.properties.messageID, now: Date())
+                    publishDeferred(state.take(d.body, messageID: d.properties.messageID, now: Date()))
                 }
                 try? d.ack()
             },
@@ -184,9 +184,22 @@ final class GatewayService: Service {
     /// appear (it may have been posted to another replica just now).
     private func owned(_ id: String, by user: String) async throws(GatewayError) {
         if state.owner(id) == nil { _ = await state.waitForEvent(id, timeout: settings.firstEventWait) }
-        // Theirs; or posted here by them and not known yet (the router may be slow
-        // or down: a cancel is still taken, and the router applies it when the request comes).
-        guard state.mayAct(on: id, user: user, now: Date()) else { throw .notFound }
+        guard state.isOwned(id, by: user) else { throw .notFound }
+    }
+
+    /// Cancels kept for ids posted here until their first event showed the
+    /// owner who asked: published now, in the background.
+    private func publishDeferred(_ cancels: [Data]) {
+        for body in cancels {
+            guard let id = (try? JSONFields(body)).flatMap({ try? $0.string("id") }) else { continue }
+            Task {
+                do {
+                    try await publish(CommandKey.cancel, id: id, body: body)
+                } catch {
+                    logger.warning("a cancel kept until the first event could not be published", [("dispatch_id", .string(id))])
+                }
+            }
+        }
     }
 
     private func answer(_ endpoint: GatewayEndpoint, _ request: AsyncHTTPRequest, _ responder: HTTPResponder) async throws -> Int {
@@ -220,7 +233,7 @@ final class GatewayService: Service {
         switch endpoint {
         case .createDispatch:
             let (id, body) = try GatewayBodies.dispatchRequest(request.body, user: user, makeID: { UUID().uuidString.lowercased() }).get()
-            if let owner = state.owner(id), owner != user {
+            if let owner = state.owner(id) ?? state.poster(id, now: Date()), owner != user {
                 throw GatewayError(409, "id_taken", "the id '\(id)' belongs to another dispatch; a new request needs a new id")
             }
             if state.owner(id) == nil {
@@ -248,6 +261,15 @@ final class GatewayService: Service {
             state.subscribe(id, user: user, after: after, stream: stream)
             return 200
         case .cancel(let id):
+            if state.poster(id, now: Date()) == user {
+                // Posted here by this user, with no event yet (the router may be slow or down):
+                // taken, and published once the first event shows the dispatch is theirs.
+                _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
+                let body = try GatewayBodies.cancel(request.body, id: id).get()
+                if state.deferCancel(id, user: user, body: body) {
+                    return json(responder, 202, JSONWriter.object { $0.field("id", id) })
+                }
+            }
             try await owned(id, by: user)  // another's dispatch is 404, whatever the body
             let body = try GatewayBodies.cancel(request.body, id: id).get()
             try await publish(CommandKey.cancel, id: id, body: body)

@@ -30,8 +30,12 @@ final class GatewayState: Sendable {
         var waiters: [String: [Waiter]] = [:]
         var nextToken: UInt64 = 0
         /// Ids this replica published a request for, by user, until their first
-        /// event: a cancel may come before it (the router remembers the cancel).
+        /// event: a cancel may come before it.
         var posted: [String: (user: String, at: Date)] = [:]
+        /// Cancels taken for posted ids before their first event, published
+        /// once that event shows whose the dispatch is (a second user may have
+        /// posted the same id elsewhere: only the owner's cancel goes out).
+        var deferredCancels: [String: (user: String, body: Data)] = [:]
     }
 
     /// How long, and how many, posted ids are remembered without an event.
@@ -51,17 +55,24 @@ final class GatewayState: Sendable {
 
     /// Takes one status event body from the log; writes it to the dispatch's
     /// open streams and wakes the requests waiting for it.
-    func take(_ body: Data, messageID: String?, now: Date) {
+    /// Returns the cancels deferred for this event's dispatch that its owner
+    /// asked for: the caller publishes them.
+    @discardableResult
+    func take(_ body: Data, messageID: String?, now: Date) -> [Data] {
         // The second copy of an event (log and live queue) is known by its message id, `<id>/<seq>`: not parsed again.
         if let messageID, let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...]),
             state.withLock({ $0.book.has(messageID[..<slash], seq: seq) })
         {
-            return
+            return []
         }
-        guard let e = EventBook.read(body) else { return }
+        guard let e = EventBook.read(body) else { return [] }
+        var cancels: [Data] = []
         let woken: [Waiter]? = state.withLock { s in
             guard s.book.add(id: e.id, seq: e.seq, state: e.state, user: e.user, body: body, now: now) else { return nil }
             s.posted[e.id] = nil
+            if let deferred = s.deferredCancels.removeValue(forKey: e.id), deferred.user == (s.book.owner(e.id) ?? nil) {
+                cancels.append(deferred.body)
+            }
             if var subscribers = s.subscribers[e.id] {
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: body)
                 let owner = s.book.owner(e.id) ?? nil
@@ -88,10 +99,11 @@ final class GatewayState: Sendable {
             metrics.streams.set(Double(s.streams))
             return s.waiters.removeValue(forKey: e.id) ?? []
         }
-        guard let woken else { return }  // the other copy came first
+        guard let woken else { return [] }  // the other copy came first
         metrics.events.increment()
         if let at = e.at.flatMap(RFC3339.parse) { metrics.eventDelay.observe(max(0, now.timeIntervalSince(at))) }
         for w in woken { w.continuation.resume(returning: true) }
+        return cancels
     }
 
     func owner(_ id: String) -> String?? { state.withLock { $0.book.owner(id) } }
@@ -102,24 +114,30 @@ final class GatewayState: Sendable {
 
     func isOwned(_ id: String, by user: String) -> Bool { state.withLock { $0.book.isOwned(id, by: user) } }
 
-    /// Remembers that `user` posted a request for `id` through this replica.
+    /// Remembers that `user` posted a request for `id` through this replica
+    /// (the first poster's; when full, nothing more until housekeeping prunes).
     func posted(_ id: String, by user: String, now: Date) {
         state.withLock { s in
-            guard !s.book.knows(id) else { return }
-            if s.posted.count >= Self.maxPosted {
-                s.posted = s.posted.filter { now.timeIntervalSince($0.value.at) < Self.postedFor }
-                if s.posted.count >= Self.maxPosted { return }
-            }
+            guard !s.book.knows(id), s.posted[id] == nil, s.posted.count < Self.maxPosted else { return }
             s.posted[id] = (user, now)
         }
     }
 
-    /// The dispatch is `user`'s: known and theirs, or posted by them here and not known yet.
-    func mayAct(on id: String, user: String, now: Date) -> Bool {
+    /// Who posted `id` through this replica, while no event of it is known.
+    func poster(_ id: String, now: Date) -> String? {
         state.withLock { s in
-            if s.book.knows(id) { return s.book.isOwned(id, by: user) }
-            guard let p = s.posted[id] else { return false }
-            return p.user == user && now.timeIntervalSince(p.at) < Self.postedFor
+            guard !s.book.knows(id), let p = s.posted[id], now.timeIntervalSince(p.at) < Self.postedFor else { return nil }
+            return p.user
+        }
+    }
+
+    /// Keeps `user`'s cancel of a posted id until its first event; false when
+    /// the event came meanwhile (the caller checks ownership and publishes).
+    func deferCancel(_ id: String, user: String, body: Data) -> Bool {
+        state.withLock { s in
+            guard !s.book.knows(id) else { return false }
+            s.deferredCancels[id] = (user, body)
+            return true
         }
     }
 
@@ -170,7 +188,7 @@ final class GatewayState: Sendable {
     /// event book); a live event, at most `HTTPStream.limit` more.
     func subscribe(_ id: String, user: String, after lastSeq: Int, stream: HTTPStream) {
         state.withLock { s in
-            let postedHere = !s.book.knows(id) && s.posted[id]?.user == user
+            let postedHere = !s.book.knows(id) && s.posted[id]?.user == user  // its first event decides (see take)
             guard s.book.isOwned(id, by: user) || postedHere else {
                 stream.write(Data(), end: true)
                 return
@@ -214,6 +232,7 @@ final class GatewayState: Sendable {
         state.withLock { s in
             s.book.prune(heardBefore: cutoff, maxBytes: maxBytes)
             s.posted = s.posted.filter { now.timeIntervalSince($0.value.at) < Self.postedFor }
+            s.deferredCancels = s.deferredCancels.filter { s.posted[$0.key] != nil }
             metrics.dispatches.set(Double(s.book.count))
         }
     }

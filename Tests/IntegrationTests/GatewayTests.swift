@@ -136,10 +136,29 @@ import Testing
             #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"early-1","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
             #expect(try await gw.call("POST", "/v1/dispatches/early-1/cancel", user: "bob", body: "{}").status == 404)
             #expect(try await gw.call("POST", "/v1/dispatches/early-1/cancel", body: #"{"reason":"user"}"#).status == 202)
+            // bob cannot take the id here; on another replica, which cannot know, his cancel waits
+            // for the first event, which shows the dispatch is alice's: it never goes out.
+            #expect(try await gw.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"early-1","input":"mine now"}"#).status == 409)
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"early-2","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+            let other = try await h.startGateway()
+            #expect(try await other.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"early-2","input":"mine now"}"#).status == 202)
+            #expect(try await other.call("POST", "/v1/dispatches/early-2/cancel", user: "bob", body: #"{"reason":"bob was here"}"#).status == 202)
+            #expect(try await other.call("PUT", "/v1/dispatches/early-2/activity", user: "bob", body: #"{"pushToken":"abcd"}"#).status == 404)
             let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/early-1/events", token: TestGateway.tokens["alice"])
             try await h.startRouter()
             let events = try await h.events(untilEnded: "early-1")
             #expect(events.filter { $0["dispatchId"] as? String == "early-1" }.last?["state"] as? String == "cancelled")
+            // early-2 is alice's: bob's cancel never went out; only hers ends it.
+            try await waitUntil("early-2 queued", within: .seconds(10)) {
+                (try? await gw.call("GET", "/v1/dispatches/early-2").body["state"] as? String) == "queued"
+            }
+            #expect(try await gw.call("POST", "/v1/dispatches/early-2/cancel", body: #"{"reason":"alice"}"#).status == 202)
+            try await waitUntil("early-2 cancelled", within: .seconds(10)) {
+                (try? await gw.call("GET", "/v1/dispatches/early-2").body["state"] as? String) == "cancelled"
+            }
+            let early2 = try await gw.call("GET", "/v1/dispatches/early-2")
+            #expect((early2.body["cancel"] as? [String: Any])?["reason"] as? String == "alice")
+            #expect(early2.body["user"] as? String == "alice")
             // The stream opened before the first event gets them all, and ends with the cancel.
             try await waitUntil("the stream to end", within: .seconds(5)) { sse.isClosed }
             #expect(sse.events.last?.event == "cancelled")
