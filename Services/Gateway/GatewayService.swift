@@ -226,9 +226,13 @@ final class GatewayService: Service {
             // Until the log is read up to now, "unknown" could be wrong: not an answer to give.
             throw GatewayError(503, "starting", "the gateway is still reading the status log; try again shortly")
         }
-        guard client.isReady else {
+        guard client.connectionState.isReady else {
             // Without the broker nothing can be published, and presence and new events are unknown.
             throw GatewayError(503, "unavailable", "the gateway has lost the broker; try again shortly")
+        }
+        if endpoint.publishes, let reason = client.blockedReason {
+            // A resource alarm: a publish would wait until it clears. Reads still work.
+            throw GatewayError(503, "unavailable", "the broker takes no commands now (\(reason.prefix(100))); try again shortly")
         }
         switch endpoint {
         case .createDispatch:

@@ -81,7 +81,10 @@ let gateway = GatewayService(
 let api: AsyncHTTPServer
 do {
     api = try AsyncHTTPServer(
-        port: port, maxBody: IntakeClassifier.maxBodyBytes, headers: ["Authorization", "Last-Event-ID"], query: ["input"]
+        // A request head must fit the pool: GET /v1/route?input= with the longest
+        // input (4,000 code points) is up to 48 KB percent-encoded.
+        port: port, maxBody: IntakeClassifier.maxBodyBytes, connectionMemory: 64 << 10,
+        headers: ["Authorization", "Last-Event-ID"], query: ["input"]
     ) { request, responder in
         Task { await gateway.handle(request, responder) }
     }

@@ -107,15 +107,16 @@ final class StatusLog: Sendable {
         }
     }
 
-    /// Seconds since 1970, clamped to what a UInt32 holds (no trap for any date).
+    /// Seconds since 1970, rounded up (an expiry is never due early) and
+    /// clamped to what a UInt32 holds (no trap for any date).
     static func seconds(_ date: Date) -> UInt32 {
-        let t = date.timeIntervalSince1970
+        let t = date.timeIntervalSince1970.rounded(.up)
         return t.isFinite ? UInt32(clamping: Int(max(0, min(t, Double(UInt32.max))))) : 0
     }
 
     /// The waiting dispatches whose lifetime has ended by `now`, at most `limit`.
     func dueWaiting(now: Date, limit: Int) -> [String] {
-        let now = Self.seconds(now)
+        let now = UInt32(clamping: Int(max(0, min(now.timeIntervalSince1970.rounded(.down), Double(UInt32.max)))))
         return state.withLock { s in
             var due: [String] = []
             for (id, at) in s.expiries where at <= now {

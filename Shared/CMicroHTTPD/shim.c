@@ -468,8 +468,8 @@ void fd_stream_release(fd_stream *stream) {
 }
 
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
-                                    unsigned max_connections, size_t max_body, fd_async_handler async_handler, void *context,
-                                    char *error, size_t error_len) {
+                                    unsigned max_connections, size_t max_body, size_t memory_limit,
+                                    fd_async_handler async_handler, void *context, char *error, size_t error_len) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof address);
     address.sin_family = AF_INET;
@@ -511,9 +511,7 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)timeout_s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)max_connections,
-        // A request head must fit: GET /v1/route?input= with 4,000 code points
-        // percent-encoded is up to 48 KB. Pages of the pool never written stay unmapped.
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, memory_limit < 4096 ? (size_t)4096 : memory_limit,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, server,
         MHD_OPTION_END);

@@ -212,7 +212,12 @@ public enum SenderDecisions {
     /// one may read for hours (the park queue of a target gone offline) — is
     /// dropped when it surfaces, as the dispatch has ended.
     static func endingMachine(_ known: DispatchKnowledge, policy: RetryPolicy) -> DispatchMachine? {
-        guard let copy = known.waiting, copy.lastSeq == known.copySeq else { return nil }
+        guard var copy = known.waiting, copy.lastSeq == known.copySeq else { return nil }
+        if known.lastSeq > copy.lastSeq {
+            // What follows a waiting copy is its delivery: the end keeps the step reached (2).
+            copy.stepReached = max(copy.stepReached, 2)
+            copy.everDelivered = true
+        }
         return DispatchMachine(parked: copy, policy: policy, seqFloor: max(copy.lastSeq, known.lastSeq))
     }
 

@@ -121,16 +121,17 @@ public final class AsyncHTTPServer: Sendable {
     private let box: Unmanaged<Box>
     public let port: Int
 
-    /// `headers` and `query`: the names the handler reads.
+    /// `headers` and `query`: the names the handler reads. `connectionMemory`:
+    /// libmicrohttpd's pool per connection, which a request head must fit in.
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
-        headers: [String], query: [String], handler: @escaping Handler
+        connectionMemory: Int = 16 << 10, headers: [String], query: [String], handler: @escaping Handler
     ) throws {
         guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
         let box = Unmanaged.passRetained(Box(handler, headers: headers, query: query))
         var error = [CChar](repeating: 0, count: 256)
         let started = fd_http_start_async(
-            host, port16, idleTimeoutSeconds, requestTimeoutSeconds, HTTPServer.maxConnections, max(0, maxBody),
+            host, port16, idleTimeoutSeconds, requestTimeoutSeconds, HTTPServer.maxConnections, max(0, maxBody), max(0, connectionMemory),
             { context, request in
                 guard let context, let request else { return }
                 let box = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue()

@@ -177,6 +177,7 @@ struct SenderDecisionsTests {
         }
         let cancelled = m.cancelRequested(reason: "user", now: at(5)).events
         #expect(cancelled.map(\.state) == [.cancelled] && cancelled.first?.seq == afterDelivery.lastSeq + 1)
+        #expect(cancelled.first?.step == 2)  // the step the delivery reached, not the copy's
         // So does the end of its lifetime.
         guard case .actOnCopy = SenderDecisions.expiry(known: afterDelivery, policy: policy) else {
             Issue.record("an expiry waited for an out-of-date copy")

@@ -21,11 +21,25 @@ done
 # FRONTDESK_IMPORTS_DEFINITIONS=1 imports the definitions and sets the
 # passwords then, so that every quorum queue and stream of the topology gets
 # a replica on each node. A single broker loads the definitions at boot.
+if [ -n "${FRONTDESK_CLUSTER_SIZE:-}" ]; then
+    case "${RABBITMQ_ERLANG_COOKIE:-}" in
+        ""|change-me*) echo "init.sh: set ERLANG_COOKIE in deploy/.env to a long random secret" >&2; exit 1 ;;
+    esac
+fi
+if [ "${FRONTDESK_IMPORTS_DEFINITIONS:-}" = 1 ]; then
+    # Booted without definitions, RabbitMQ made its guest/guest administrator:
+    # not kept (host networking makes "loopback only" any process on the host).
+    rabbitmqctl -q delete_user guest >/dev/null 2>&1 || true
+fi
 if [ -n "${FRONTDESK_JOIN:-}" ] && ! rabbitmqctl -q cluster_status 2>/dev/null | grep -qF "$FRONTDESK_JOIN"; then
     rabbitmqctl -q stop_app
     rabbitmqctl -q reset
-    until rabbitmqctl -q join_cluster "$FRONTDESK_JOIN" >/dev/null 2>&1; do
-        echo "init.sh: waiting to join $FRONTDESK_JOIN" >&2
+    until out="$(rabbitmqctl -q join_cluster "$FRONTDESK_JOIN" 2>&1)"; do
+        echo "init.sh: cannot join $FRONTDESK_JOIN yet: $out" >&2
+        # A node whose data was wiped is still a member in the other's eyes: forgotten, then joined.
+        if grep -q inconsistent_cluster <<<"$out"; then
+            rabbitmqctl -q -n "$FRONTDESK_JOIN" forget_cluster_node "$RABBITMQ_NODENAME" >&2 || true
+        fi
         sleep 2
     done
     rabbitmqctl -q start_app

@@ -29,9 +29,10 @@ typedef void (*fd_async_handler)(void *context, fd_request *request);
 /// fd_http_port); NULL on failure, with a reason in `error`. Bodies over `max_body` are answered 413 at
 /// once, without the handler. A connection still reading a request
 /// `max_age_s` after it opened, or after its last response, is closed.
+/// `memory_limit`: each connection's pool, which a request head must fit in.
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
-                                    unsigned max_connections, size_t max_body, fd_async_handler handler, void *context,
-                                    char *error, size_t error_len);
+                                    unsigned max_connections, size_t max_body, size_t memory_limit,
+                                    fd_async_handler handler, void *context, char *error, size_t error_len);
 
 /// What the handler may read, on the server's thread, during its call only.
 const char *fd_request_method(const fd_request *request);

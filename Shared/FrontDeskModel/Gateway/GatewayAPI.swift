@@ -18,6 +18,14 @@ public enum GatewayEndpoint: Equatable, Sendable {
 
     public static let pageFiles = ["index.html", "app.js", "app.css"]
 
+    /// It publishes a command to the broker (the others only read).
+    public var publishes: Bool {
+        switch self {
+        case .createDispatch, .cancel, .reroute, .activity: true
+        default: false
+        }
+    }
+
     public static func parse(method: String, path: String) -> GatewayEndpoint {
         func only(_ allowed: String, _ endpoint: GatewayEndpoint) -> GatewayEndpoint {
             method == allowed || (allowed == "GET" && method == "HEAD") ? endpoint : .methodNotAllowed(allowed: allowed)
