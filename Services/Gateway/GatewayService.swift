@@ -42,7 +42,8 @@ final class GatewayService: Service {
         self.client = client
         self.settings = settings
         self.logger = logger
-        self.state = GatewayState(metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser)
+        self.state = GatewayState(
+            metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser, postedFor: TimeInterval(settings.lifetimeSeconds))
         self.page = page
         self.presence = Presence(client: client, table: settings.table)
         (stopStream, stopSignal) = AsyncStream<Void>.makeStream()
@@ -187,16 +188,34 @@ final class GatewayService: Service {
         guard state.isOwned(id, by: user) else { throw .notFound }
     }
 
-    /// Cancels kept for ids posted here until their first event showed the
-    /// owner who asked: published now, in the background.
-    private func publishDeferred(_ cancels: [Data]) {
-        for body in cancels {
-            guard let id = (try? JSONFields(body)).flatMap({ try? $0.string("id") }) else { continue }
-            Task {
-                do {
-                    try await publish(CommandKey.cancel, id: id, body: body)
-                } catch {
-                    logger.warning("a cancel kept until the first event could not be published", [("dispatch_id", .string(id))])
+    /// A command for an id this user posted here that has no event yet (the
+    /// router may be slow or down): validated, kept, and published once the
+    /// first event shows the dispatch is theirs. False: the ordinary path applies.
+    private func deferred(_ id: String, user: String, key: String, body: () throws -> Data) async throws -> Bool {
+        guard state.poster(id, now: Date()) == user else { return false }
+        _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
+        let data = try body()
+        return state.deferCommand(id, user: user, key: key, body: data)
+    }
+
+    /// Commands kept for ids posted here until their first event showed the
+    /// owner who gave them: published now, in order, in the background, and
+    /// tried again while the broker does not take them (a resource alarm, a
+    /// lost connection) — the client was told 202.
+    private func publishDeferred(_ commands: [GatewayState.DeferredCommand]) {
+        guard !commands.isEmpty else { return }
+        Task {
+            for command in commands {
+                guard let id = (try? JSONFields(command.body)).flatMap({ try? $0.string("id") }) else { continue }
+                var delay = Duration.milliseconds(250)
+                while !stopped.load(ordering: .acquiring) {
+                    do {
+                        try await publish(command.key, id: id, body: command.body)
+                        break
+                    } catch {
+                        try? await Task.sleep(for: delay)
+                        delay = min(delay * 2, .seconds(10))
+                    }
                 }
             }
         }
@@ -256,7 +275,9 @@ final class GatewayService: Service {
             guard let latest = state.latest(id, user: user) else { throw GatewayError.notFound }
             return json(responder, 200, latest.body)
         case .events(let id):
-            try await owned(id, by: user)
+            // A stream on an id posted here by this user may open before the first
+            // event: the event then decides (`subscribe`, `take`).
+            if state.poster(id, now: Date()) != user { try await owned(id, by: user) }
             guard state.mayOpenStream(user) else {
                 throw GatewayError(429, "too_many_streams", "at most \(settings.maxStreamsPerUser) open event streams per user")
             }
@@ -265,25 +286,27 @@ final class GatewayService: Service {
             state.subscribe(id, user: user, after: after, stream: stream)
             return 200
         case .cancel(let id):
-            if state.poster(id, now: Date()) == user {
-                // Posted here by this user, with no event yet (the router may be slow or down):
-                // taken, and published once the first event shows the dispatch is theirs.
-                _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
-                let body = try GatewayBodies.cancel(request.body, id: id).get()
-                if state.deferCancel(id, user: user, body: body) {
-                    return json(responder, 202, JSONWriter.object { $0.field("id", id) })
-                }
+            if try await deferred(id, user: user, key: CommandKey.cancel, body: { try GatewayBodies.cancel(request.body, id: id).get() }) {
+                return json(responder, 202, JSONWriter.object { $0.field("id", id) })
             }
             try await owned(id, by: user)  // another's dispatch is 404, whatever the body
             let body = try GatewayBodies.cancel(request.body, id: id).get()
             try await publish(CommandKey.cancel, id: id, body: body)
             return json(responder, 202, JSONWriter.object { $0.field("id", id) })
         case .reroute(let id):
+            let reroute = { try GatewayBodies.reroute(request.body, id: id, table: self.settings.table).get() }
+            if try await deferred(id, user: user, key: CommandKey.reroute, body: reroute) {
+                return json(responder, 202, JSONWriter.object { $0.field("id", id) })
+            }
             try await owned(id, by: user)
-            let body = try GatewayBodies.reroute(request.body, id: id, table: settings.table).get()
+            let body = try reroute()
             try await publish(CommandKey.reroute, id: id, body: body)
             return json(responder, 202, JSONWriter.object { $0.field("id", id) })
         case .activity(let id):
+            if try await deferred(id, user: user, key: CommandKey.activity, body: { try GatewayBodies.activity(request.body, id: id).get() }) {
+                responder.answer(status: 204, contentType: "application/json", body: Data())
+                return 204
+            }
             try await owned(id, by: user)
             let body = try GatewayBodies.activity(request.body, id: id).get()
             try await publish(CommandKey.activity, id: id, body: body)

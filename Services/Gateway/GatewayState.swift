@@ -32,15 +32,26 @@ final class GatewayState: Sendable {
         /// Ids this replica published a request for, by user, until their first
         /// event: a cancel may come before it.
         var posted: [String: (user: String, at: Date)] = [:]
-        /// Cancels taken for posted ids before their first event, published
-        /// once that event shows whose the dispatch is (a second user may have
-        /// posted the same id elsewhere: only the owner's cancel goes out).
-        var deferredCancels: [String: (user: String, body: Data)] = [:]
+        /// Commands (cancel, reroute, activity) taken for posted ids before
+        /// their first event, in order, published once that event shows whose
+        /// the dispatch is: a second user may have posted the same id on
+        /// another replica, and only the owner's commands go out.
+        var deferred: [String: [DeferredCommand]] = [:]
     }
 
-    /// How long, and how many, posted ids are remembered without an event.
-    static let postedFor: TimeInterval = 600
+    /// A command kept until its dispatch's first event.
+    struct DeferredCommand: Sendable {
+        let user: String
+        let key: String
+        let body: Data
+    }
+
+    /// How long posted ids (and commands kept for them) are remembered
+    /// without an event: the lifetime window, as the router keeps an early cancel.
+    let postedFor: TimeInterval
     static let maxPosted = 100_000
+    /// Commands kept for one posted id (a client repeating itself gains nothing).
+    static let maxDeferredPerID = 8
 
     private let state = Mutex(State())
     let metrics: GatewayMetrics
@@ -48,17 +59,18 @@ final class GatewayState: Sendable {
     /// Open event streams one user may hold.
     let maxStreamsPerUser: Int
 
-    init(metrics: GatewayMetrics, maxStreamsPerUser: Int = GatewayState.defaultMaxStreamsPerUser) {
+    init(metrics: GatewayMetrics, maxStreamsPerUser: Int = GatewayState.defaultMaxStreamsPerUser, postedFor: TimeInterval = 14_400) {
         self.metrics = metrics
         self.maxStreamsPerUser = maxStreamsPerUser
+        self.postedFor = postedFor
     }
 
     /// Takes one status event body from the log; writes it to the dispatch's
     /// open streams and wakes the requests waiting for it.
-    /// Returns the cancels deferred for this event's dispatch that its owner
-    /// asked for: the caller publishes them.
+    /// Returns the commands kept for this event's dispatch that its owner
+    /// gave: the caller publishes them, in order.
     @discardableResult
-    func take(_ body: Data, messageID: String?, now: Date) -> [Data] {
+    func take(_ body: Data, messageID: String?, now: Date) -> [DeferredCommand] {
         // The second copy of an event (log and live queue) is known by its message id, `<id>/<seq>`: not parsed again.
         if let messageID, let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...]),
             state.withLock({ $0.book.has(messageID[..<slash], seq: seq) })
@@ -66,12 +78,13 @@ final class GatewayState: Sendable {
             return []
         }
         guard let e = EventBook.read(body) else { return [] }
-        var cancels: [Data] = []
+        var commands: [DeferredCommand] = []
         let woken: [Waiter]? = state.withLock { s in
             guard s.book.add(id: e.id, seq: e.seq, state: e.state, user: e.user, body: body, now: now) else { return nil }
             s.posted[e.id] = nil
-            if let deferred = s.deferredCancels.removeValue(forKey: e.id), deferred.user == (s.book.owner(e.id) ?? nil) {
-                cancels.append(deferred.body)
+            if let kept = s.deferred.removeValue(forKey: e.id) {
+                let owner = s.book.owner(e.id) ?? nil
+                commands = kept.filter { $0.user == owner }
             }
             if var subscribers = s.subscribers[e.id] {
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: body)
@@ -103,7 +116,7 @@ final class GatewayState: Sendable {
         metrics.events.increment()
         if let at = e.at.flatMap(RFC3339.parse) { metrics.eventDelay.observe(max(0, now.timeIntervalSince(at))) }
         for w in woken { w.continuation.resume(returning: true) }
-        return cancels
+        return commands
     }
 
     func owner(_ id: String) -> String?? { state.withLock { $0.book.owner(id) } }
@@ -126,17 +139,20 @@ final class GatewayState: Sendable {
     /// Who posted `id` through this replica, while no event of it is known.
     func poster(_ id: String, now: Date) -> String? {
         state.withLock { s in
-            guard !s.book.knows(id), let p = s.posted[id], now.timeIntervalSince(p.at) < Self.postedFor else { return nil }
+            guard !s.book.knows(id), let p = s.posted[id], now.timeIntervalSince(p.at) < postedFor else { return nil }
             return p.user
         }
     }
 
-    /// Keeps `user`'s cancel of a posted id until its first event; false when
-    /// the event came meanwhile (the caller checks ownership and publishes).
-    func deferCancel(_ id: String, user: String, body: Data) -> Bool {
+    /// Keeps `user`'s command for a posted id until its first event; false
+    /// when the event came meanwhile (the caller checks ownership and publishes).
+    func deferCommand(_ id: String, user: String, key: String, body: Data) -> Bool {
         state.withLock { s in
             guard !s.book.knows(id) else { return false }
-            s.deferredCancels[id] = (user, body)
+            var list = s.deferred[id] ?? []
+            if list.count >= Self.maxDeferredPerID { list.removeFirst() }
+            list.append(DeferredCommand(user: user, key: key, body: body))
+            s.deferred[id] = list
             return true
         }
     }
@@ -231,8 +247,8 @@ final class GatewayState: Sendable {
     func prune(heardBefore cutoff: Date, maxBytes: Int, now: Date) {
         state.withLock { s in
             s.book.prune(heardBefore: cutoff, maxBytes: maxBytes)
-            s.posted = s.posted.filter { now.timeIntervalSince($0.value.at) < Self.postedFor }
-            s.deferredCancels = s.deferredCancels.filter { s.posted[$0.key] != nil }
+            s.posted = s.posted.filter { now.timeIntervalSince($0.value.at) < postedFor }
+            s.deferred = s.deferred.filter { s.posted[$0.key] != nil }
             metrics.dispatches.set(Double(s.book.count))
         }
     }

@@ -129,6 +129,8 @@ import Testing
         try await withHarness("gw-early-cancel") { h in
             let router = try await h.startRouter()
             try await h.startSender()
+            try await h.channel.queueDeclare("frontdesk.test.activity", arguments: ["x-queue-type": "quorum"])
+            try await h.channel.queueBind("frontdesk.test.activity", exchange: "frontdesk.commands", routingKey: "dispatch.activity")
             let gw = try await h.startGateway()
             kill(router.processIdentifier, SIGKILL)
             router.waitUntilExit()
@@ -143,7 +145,9 @@ import Testing
             let other = try await h.startGateway()
             #expect(try await other.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"early-2","input":"mine now"}"#).status == 202)
             #expect(try await other.call("POST", "/v1/dispatches/early-2/cancel", user: "bob", body: #"{"reason":"bob was here"}"#).status == 202)
-            #expect(try await other.call("PUT", "/v1/dispatches/early-2/activity", user: "bob", body: #"{"pushToken":"abcd"}"#).status == 404)
+            // Kept too, like alice's registration for early-1: only the owner's go out.
+            #expect(try await other.call("PUT", "/v1/dispatches/early-2/activity", user: "bob", body: #"{"pushToken":"abcd"}"#).status == 204)
+            #expect(try await gw.call("PUT", "/v1/dispatches/early-1/activity", body: #"{"pushToken":"a11ce0"}"#).status == 204)
             let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/early-1/events", token: TestGateway.tokens["alice"])
             try await h.startRouter()
             let events = try await h.events(untilEnded: "early-1")
@@ -159,6 +163,10 @@ import Testing
             let early2 = try await gw.call("GET", "/v1/dispatches/early-2")
             #expect((early2.body["cancel"] as? [String: Any])?["reason"] as? String == "alice")
             #expect(early2.body["user"] as? String == "alice")
+            // One registration went out, alice's, published at early-1's first event.
+            let registrations = try await h.drain("frontdesk.test.activity", count: 1)
+            #expect(registrations.compactMap { (try? JSONSerialization.jsonObject(with: $0.body) as? [String: Any])?["pushToken"] as? String } == ["a11ce0"])
+            #expect(try await h.messages("frontdesk.test.activity") == 0)
             // The stream opened before the first event gets them all, and ends with the cancel.
             try await waitUntil("the stream to end", within: .seconds(5)) { sse.isClosed }
             #expect(sse.events.last?.event == "cancelled")

@@ -4,6 +4,15 @@
 # for the health check once the users can log in. SIGTERM stops the broker.
 set -euo pipefail
 
+# Ready only once this start has set the passwords (a restarted container keeps its /tmp).
+rm -f /tmp/frontdesk-users-ready
+if [ -n "${FRONTDESK_CLUSTER_SIZE:-}" ]; then
+    # Before the node starts: no moment with a published cookie.
+    case "${RABBITMQ_ERLANG_COOKIE:-}" in
+        ""|change-me*) echo "init.sh: set ERLANG_COOKIE in deploy/.env to a long random secret" >&2; exit 1 ;;
+    esac
+fi
+
 rabbitmq-server &
 broker=$!
 trap 'rabbitmqctl stop >/dev/null 2>&1 || true; wait "$broker"; exit 0' TERM INT
@@ -21,17 +30,15 @@ done
 # FRONTDESK_IMPORTS_DEFINITIONS=1 imports the definitions and sets the
 # passwords then, so that every quorum queue and stream of the topology gets
 # a replica on each node. A single broker loads the definitions at boot.
-if [ -n "${FRONTDESK_CLUSTER_SIZE:-}" ]; then
-    case "${RABBITMQ_ERLANG_COOKIE:-}" in
-        ""|change-me*) echo "init.sh: set ERLANG_COOKIE in deploy/.env to a long random secret" >&2; exit 1 ;;
-    esac
-fi
 if [ "${FRONTDESK_IMPORTS_DEFINITIONS:-}" = 1 ]; then
     # Booted without definitions, RabbitMQ made its guest/guest administrator:
     # not kept (host networking makes "loopback only" any process on the host).
     rabbitmqctl -q delete_user guest >/dev/null 2>&1 || true
 fi
-if [ -n "${FRONTDESK_JOIN:-}" ] && ! rabbitmqctl -q cluster_status 2>/dev/null | grep -qF "$FRONTDESK_JOIN"; then
+# Captured, then searched: `grep -q` ending a pipe early could fail the pipe
+# (pipefail) and send an already joined node through reset.
+# A status that cannot be read joins nothing: a reset would wipe a member's data.
+if [ -n "${FRONTDESK_JOIN:-}" ] && members="$(rabbitmqctl -q cluster_status 2>/dev/null)" && ! grep -qF "$FRONTDESK_JOIN" <<<"$members"; then
     rabbitmqctl -q stop_app
     rabbitmqctl -q reset
     until out="$(rabbitmqctl -q join_cluster "$FRONTDESK_JOIN" 2>&1)"; do
@@ -43,6 +50,8 @@ if [ -n "${FRONTDESK_JOIN:-}" ] && ! rabbitmqctl -q cluster_status 2>/dev/null |
         sleep 2
     done
     rabbitmqctl -q start_app
+    # Forgotten, it lost its quorum queue replicas: back on this node (queues that have one are skipped).
+    rabbitmq-queues -q grow "$RABBITMQ_NODENAME" all >&2 || true
 fi
 if [ -n "${FRONTDESK_CLUSTER_SIZE:-}" ]; then
     running_nodes() { rabbitmqctl -q eval 'length(rabbit_nodes:all_running()).' 2>/dev/null || echo 0; }
@@ -53,7 +62,12 @@ if [ -n "${FRONTDESK_CLUSTER_SIZE:-}" ]; then
         wait "$broker"
         exit 0
     fi
-    rabbitmqctl -q import_definitions /etc/rabbitmq/definitions.json
+    # Once, on the cluster's first start: an import empties the users' passwords
+    # (the file has none) until they are set below, which a restart need not do.
+    users="$(rabbitmqctl --silent list_users 2>/dev/null | awk '{print $1}' || true)"
+    if ! grep -qx router <<<"$users"; then
+        rabbitmqctl -q import_definitions /etc/rabbitmq/definitions.json
+    fi
 fi
 for role in admin router sender producer operator agent surface gateway pusher; do
     variable="$(echo "$role" | tr '[:lower:]' '[:upper:]')_PASSWORD"
