@@ -1,10 +1,11 @@
 #!/bin/bash
 # The compose stack for real with podman on a machine without a Docker
 # engine (see deploy/README.md): builds the images, starts RabbitMQ, router,
-# sender and agent with health-gated start order, dispatches through the
-# stack as the operator user and expects it replied, checks the images run
-# as non-root and that SIGTERM stops a service with exit status 0, then
-# takes the stack down.
+# sender, gateway, pusher and agent, dispatches through the stack as the
+# operator user and through the gateway with a bearer token and expects both
+# replied, checks readiness, that the images run as non-root and that SIGTERM
+# stops a service with exit status 0, then takes the stack down. A missing
+# gateway token file or APNs key is made for the run (and removed after).
 #
 #   bash deploy/podman-e2e.sh        (WORK=/var/tmp/frontdesk-podman by default)
 set -euo pipefail
@@ -54,9 +55,26 @@ set -a
 source "$ENV_FILE"
 set +a
 compose() { "$COMPOSE" -f deploy/compose.yaml --env-file "$ENV_FILE" "$@"; }
+# The gateway's tokens and the pusher's key, for this run only if none are there.
+TOKEN="$(openssl rand -hex 16)"
+created_tokens=0
+if [ ! -f deploy/gateway-tokens.json ]; then
+    created_tokens=1
+    printf '{"%s":"u-e2e"}' "$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)" > deploy/gateway-tokens.json
+fi
+created_key=0
+if [ ! -f deploy/apns/AuthKey.p8 ]; then
+    created_key=1
+    mkdir -p deploy/apns
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out deploy/apns/AuthKey.p8 2>/dev/null
+    chmod 644 deploy/apns/AuthKey.p8  # read by the image's user
+fi
 down() {
     compose down -v >/dev/null 2>&1 || true
     [ "$created_env" = 1 ] && rm -f "$ENV_FILE"
+    [ "$created_tokens" = 1 ] && rm -f deploy/gateway-tokens.json
+    [ "$created_key" = 1 ] && rm -rf deploy/apns
+    return 0
 }
 trap down EXIT
 
@@ -68,10 +86,12 @@ compose up -d >"$WORK/up.log" 2>&1
 # Without systemd podman schedules no health checks: run each one by hand.
 health() { podman healthcheck run "frontdesk_$1_1" >/dev/null 2>&1 && echo healthy || echo unhealthy; }
 for _ in $(seq 1 120); do
-    [ "$(health rabbitmq)" = healthy ] && [ "$(health router)" = healthy ] && [ "$(health sender)" = healthy ] && break
+    all=1
+    for c in rabbitmq router sender gateway pusher; do [ "$(health "$c")" = healthy ] || all=0; done
+    [ "$all" = 1 ] && break
     sleep 1
 done
-for c in rabbitmq router sender; do
+for c in rabbitmq router sender gateway pusher; do
     echo "  frontdesk_${c}_1: $(health "$c")"
 done
 echo "  frontdesk_agent_1 running: $(podman inspect frontdesk_agent_1 --format '{{.State.Running}}'); stack up in $(( $(date +%s) - start )) s"
@@ -87,8 +107,40 @@ else
     echo "podman-e2e: FAILED: the dispatch did not end replied"; cat "$WORK/dispatch.out"; exit 1
 fi
 
+echo "podman-e2e: a dispatch through the gateway with a bearer token"
+if [ "$created_tokens" = 1 ]; then
+    # 503 until the gateway has read the status log: posted again until taken (same id, same dispatch).
+    posted=""
+    for _ in $(seq 1 100); do
+        posted="$(curl -s -w ' %{http_code}' -H "Authorization: Bearer $TOKEN" \
+            -d '{"id":"podman-e2e-2","input":"Reply to Lisa about the AGM agenda"}' http://127.0.0.1:8080/v1/dispatches || true)"
+        [ "${posted##* }" = 202 ] && break
+        sleep 0.2
+    done
+    echo "  posted: ${posted##* }"
+    state=none
+    for _ in $(seq 1 100); do
+        state="$(curl -fs -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/v1/dispatches/podman-e2e-2 \
+            | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || echo none)"
+        [ "$state" = replied ] && break
+        sleep 0.2
+    done
+    echo "  state: $state"
+    if [ "$state" != replied ]; then
+        echo "podman-e2e: FAILED: the gateway's dispatch did not end replied (POST answered: $posted)"
+        podman logs frontdesk_gateway_1 2>&1 | tail -n 5
+        exit 1
+    fi
+else
+    echo "  skipped: deploy/gateway-tokens.json is yours, and its tokens are not known here"
+fi
+
 echo "podman-e2e: readiness as the services report it"
-echo "  router /readyz: $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:9101/readyz), sender /readyz: $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:9102/readyz)"
+for pair in router:9101 sender:9102 gateway:9103 pusher:9104; do
+    code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${pair#*:}/readyz" || true)"
+    echo "  ${pair%%:*} /readyz: $code"
+    [ "$code" = 200 ] || { echo "podman-e2e: FAILED: ${pair%%:*} is not ready"; exit 1; }
+done
 
 echo "podman-e2e: SIGTERM reaches PID 1"
 podman stop --time 20 frontdesk_sender_1 >/dev/null 2>&1

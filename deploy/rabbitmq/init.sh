@@ -9,7 +9,7 @@ rm -f /tmp/frontdesk-users-ready
 if [ -n "${FRONTDESK_CLUSTER_SIZE:-}" ]; then
     # Before the node starts: no moment with a published cookie.
     case "${RABBITMQ_ERLANG_COOKIE:-}" in
-        ""|change-me*) echo "init.sh: set ERLANG_COOKIE in deploy/.env to a long random secret" >&2; exit 1 ;;
+        ""|change-me*) echo "init.sh: set FRONTDESK_ERLANG_COOKIE in deploy/.env to a long random secret" >&2; exit 1 ;;
     esac
 fi
 
