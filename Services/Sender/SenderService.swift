@@ -5,8 +5,8 @@ import ServiceKit
 import Synchronization
 
 /// Runs terms of leadership, one after another: connect, declare, become
-/// the leader (the single consumer of `frontdesk.sender.leader`, dropped by
-/// the broker with its connection), replay the remembered commands, then
+/// the leader (the holder of the exclusive queue `frontdesk.sender.lock`,
+/// deleted by the broker with its connection or its node), replay the remembered commands, then
 /// run a `SenderTerm` until the connection fails. Standby replicas look
 /// every `standbyPoll`, so that a new leader takes over well within a second
 /// of the old one's connection ending.
@@ -41,9 +41,6 @@ final class SenderService: Service {
 
     /// How often a standby replica asks whether the leader is still there.
     static let standbyPoll = Duration.milliseconds(100)
-    /// How often a leader checks that it is still the only one (a consumer the
-    /// broker briefly counted as down comes back: then both step down).
-    static let leaderCheck = Duration.seconds(1)
     /// A term shorter than this counts as a failure for the back-off (a node
     /// that accepts and drops connections must not drive a tight loop).
     static let shortTerm = Duration.seconds(5)
@@ -105,13 +102,13 @@ final class SenderService: Service {
         let probes = try await connection.openChannel()
         try await probes.confirmSelect()
         var lastProbe = ContinuousClock.now
-        // Leadership: one consumer on frontdesk.sender.leader. RabbitMQ 3.10
-        // does not enforce `exclusive` for a quorum queue's consumers (a second
-        // one is granted while the first consumes: seen by the chaos run), so
-        // the count decides: wait while anyone consumes; after consuming, a
-        // count above one means another sender got in at the same instant,
-        // and both step back for a random moment. Registrations are ordered,
-        // so the later of two always sees both.
+        // Leadership: holding the exclusive queue frontdesk.sender.lock. Only
+        // one connection at a time can declare it; the broker deletes it when
+        // that connection closes, and when the node it lives on goes down (a
+        // transient queue on a lost node is removed). Counting the consumers
+        // of a quorum queue, as before, failed on a cluster: RabbitMQ 3.10
+        // keeps a consumer of a node that went down as "suspected down", and
+        // with that node gone for good no standby would ever lead.
         var leadership: AMQPConsumer?
         while leadership == nil {
             if stopping || !connection.isOpen { return }
@@ -120,34 +117,18 @@ final class SenderService: Service {
                 lastProbe = .now
             }
             let channel = try await connection.openChannel()
-            func consumers() async throws -> UInt32 {
-                try await channel.queueDeclare(SenderTopology.leader, passive: true).consumerCount
-            }
-            guard try await consumers() == 0 else {
-                await channel.close()
-                try await Task.sleep(for: Self.standbyPoll)
-                continue
-            }
-            let consumer: AMQPConsumer
             do {
-                consumer = try await channel.consume(queue: SenderTopology.leader, exclusive: true)
-            } catch let error as AMQPError where error.code == .channelClosed {
-                try await Task.sleep(for: Self.standbyPoll)  // a broker that does enforce exclusive: someone leads
-                continue
+                try await channel.queueDeclare(SenderTopology.lock, durable: false, exclusive: true, autoDelete: false)
+                leadership = try await channel.consume(queue: SenderTopology.lock, exclusive: true)
+            } catch let error as AMQPError where error.replyCode == 405 {
+                // RESOURCE_LOCKED: another sender holds it (the broker closed this channel).
+                try await Task.sleep(for: Self.standbyPoll)
             }
-            if try await consumers() > 1 {
-                logger.warning("another sender asked to lead at the same instant; stepping back")
-                try? await consumer.cancel()
-                await channel.close()
-                try await Task.sleep(for: .milliseconds(Int.random(in: 100...1500)))
-                continue
-            }
-            leadership = consumer
         }
-        // Leading lasts exactly as long as that consumer: should the broker
-        // cancel it or close its channel while the connection lives on, end
-        // the term at once (closing the connection returns every lease), so
-        // that two senders never publish for the same dispatches.
+        // Leading lasts exactly as long as that queue and its consumer: should
+        // the broker cancel it or close its channel while the connection lives
+        // on, end the term at once (closing the connection returns every
+        // lease), so that two senders never publish for the same dispatches.
         let leader = leadership!
         await probes.close()
         let watch = Task { [logger] in
@@ -158,28 +139,6 @@ final class SenderService: Service {
             }
         }
         defer { watch.cancel() }
-        // While it leads, the count stays one: a second consumer (another
-        // sender that saw 0 while the broker briefly counted this one as down)
-        // makes both step down and ask again.
-        let recount = Task { [logger] in
-            while !Task.isCancelled, !self.stopping, connection.isOpen {
-                try? await Task.sleep(for: Self.leaderCheck)
-                let count: UInt32
-                do {
-                    count = try await connection.withChannel { try await $0.queueDeclare(SenderTopology.leader, passive: true).consumerCount }
-                } catch {
-                    logger.debug("cannot count the leader queue's consumers", [("error", .string("\(error)"))])
-                    continue
-                }
-                logger.debug("leader queue consumers", [("count", .int(Int(count)))])
-                if count > 1 {
-                    logger.warning("another sender consumes the leader queue; stepping down", [("consumers", .int(Int(count)))])
-                    await connection.close()
-                    return
-                }
-            }
-        }
-        defer { recount.cancel() }
         metrics.leader.set(1)
         logger.info("leading")
         let publisher = try await connection.openChannel()

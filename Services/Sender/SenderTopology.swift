@@ -9,8 +9,9 @@ enum SenderTopology {
     static let inbox = "frontdesk.sender.inbox"
     /// Agents reply here (CONTRACT.md). Quorum.
     static let replies = "frontdesk.replies"
-    /// One token message; the replica holding it unacked leads. Quorum, at most one message.
-    static let leader = "frontdesk.sender.leader"
+    /// The leader's lock: an exclusive, transient queue that only one
+    /// connection can hold; gone with that connection or its node.
+    static let lock = "frontdesk.sender.lock"
     /// Parked dispatches whose lifetime ran out (dead-lettered by TTL). Quorum.
     static let expired = "frontdesk.sender.expired"
     /// Dispatches whose retry wait ended (dead-lettered from a delay queue). Quorum.
@@ -65,7 +66,6 @@ enum SenderTopology {
         try await channel.queueDeclare(replies, arguments: quorum)
         try await channel.queueDeclare(expired, arguments: quorum)
         try await channel.queueDeclare(retry, arguments: quorum)
-        try await channel.queueDeclare(leader, arguments: ["x-queue-type": "quorum", "x-max-length": 1, "x-overflow": "reject-publish"])
         try await channel.queueDeclare(commands, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
         try await SharedTopology.declareStatusLog(on: channel)
         for route in table.routes {

@@ -2,8 +2,9 @@
 """Front Desk on the local 3-node RabbitMQ cluster (scripts/cluster.sh): the
 router, two sender replicas and the agents get every node's address in
 AMQP_URL. In the middle of a run of dispatches, kill -9 the node with the
-most of the services' connections, bring it back, then kill another.
-Checks: every dispatch ends in exactly one terminal state, nothing is lost,
+most of the services' connections, bring it back, then kill another; then
+kill the node that holds the sender's leadership lock and keep it down until
+a dispatch sent after that kill has replied (at most 40 s). Checks: every dispatch ends in exactly one terminal state, nothing is lost,
 nothing follows the end, one state per seq. Events that arrive after a higher
 seq of their dispatch are counted and printed, not failed: when a node dies
 under the router's window, the router publishes its events again after the
@@ -84,8 +85,24 @@ def connections_by_node(vhost):
     return {}
 
 
-def chaos(vhost, begin, kills, first_at, gap):
-    """Kill -9 the node with the most of the run's connections, bring it back, then another."""
+def lock_node(vhost):
+    """The node holding the sender's leadership lock (frontdesk.sender.lock), or None."""
+    for n in (1, 2, 3):
+        out = subprocess.run(["bash", CLUSTER, "ctl", str(n), "list_queues", "-p", vhost, "name", "pid", "--silent"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            continue
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "frontdesk.sender.lock" and "frontdesk-c" in parts[1]:
+                return int(parts[1].split("frontdesk-c", 1)[1][0])
+    return None
+
+
+def chaos(vhost, begin, kills, first_at, gap, url, status, down_result):
+    """Kill -9 the node with the most of the run's connections, bring it back,
+    then another; then kill the node that holds the sender's leadership lock
+    and keep it down until a dispatch sent after the kill has replied."""
     time.sleep(max(0, begin + first_at - time.time()))
     spared = set()
     for which in ("first", "second"):
@@ -98,6 +115,34 @@ def chaos(vhost, begin, kills, first_at, gap):
         cluster("start")  # back, and every node running, before the next
         kills.append((f"{which} back", node, None, round(time.time() - begin, 1)))
         time.sleep(gap)
+    # A node lost for good: RabbitMQ keeps its consumers as "suspected down",
+    # so nothing may wait for them (the sender's leadership once did).
+    node = lock_node(vhost) or 1
+    cluster("kill", str(node))
+    killed_at = time.time()
+    kills.append(("third, kept down", node, "holds the lock", round(killed_at - begin, 1)))
+    probe = "cl-while-down"
+    body = json.dumps({"id": probe, "input": "sent while a node is down", "project": TARGETS[0][0], "target": TARGETS[0][1]}).encode()
+    deadline = killed_at + 40
+    while time.time() < deadline and not down_result:
+        try:
+            connection = harness.connect(url)
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("frontdesk.commands", "dispatch.request", body,
+                                  pika.BasicProperties(content_type="application/json", delivery_mode=2))
+            connection.close()
+            break
+        except (pika.exceptions.AMQPError, OSError):
+            time.sleep(0.5)
+    while time.time() < deadline:
+        history = status.snapshot().get(probe, [])
+        if any(state == "replied" for _, state, _, _ in history):
+            down_result.append(round(time.time() - killed_at, 1))
+            break
+        time.sleep(0.2)
+    cluster("start")
+    kills.append(("third back", node, None, round(time.time() - begin, 1)))
 
 
 def main():
@@ -130,7 +175,10 @@ def main():
         ids = [f"cl-{i}" for i in range(args.dispatches)]
         kills = []
         begin = time.time()
-        killer = threading.Thread(target=chaos, args=(vhost.name, begin, kills, args.dispatches / args.rate * 0.2, 2), daemon=True)
+        down_result = []
+        killer = threading.Thread(
+            target=chaos, args=(vhost.name, begin, kills, args.dispatches / args.rate * 0.2, 2, vhost.url, status, down_result),
+            daemon=True)
         killer.start()
         publisher = harness.connect(vhost.url)
         channel = publisher.channel()
@@ -154,7 +202,7 @@ def main():
                         channel.confirm_delivery()
                     except (pika.exceptions.AMQPError, OSError):
                         pass
-        killer.join(timeout=120)
+        killer.join(timeout=180)
         deadline = time.time() + 240
         while status.terminal(ids) < len(ids) and time.time() < deadline:
             time.sleep(0.5)
@@ -167,7 +215,9 @@ def main():
               f"{late[:3] if late else ''}")
         for p in problems[:10]:
             print("  " + p)
-        failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 4
+        print("cluster: with the lock's node kept down, a dispatch sent after the kill replied "
+              + (f"{down_result[0]} s after the kill" if down_result else "NOT within 40 s"))
+        failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 6 or not down_result
         print("cluster: " + ("FAIL" if failed else "passed — one terminal state each, none lost, no seq with two states"))
     finally:
         for a in agents:

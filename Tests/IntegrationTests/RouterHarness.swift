@@ -9,11 +9,20 @@ import Testing
 /// A vhost of its own, a routing table, router processes started from the
 /// built executable, and a queue bound to every status event.
 final class RouterHarness: @unchecked Sendable {
-    // @unchecked: the processes array is touched only by the test's own task.
+    // @unchecked: the connection and channel are touched only by the test's
+    // own task; the processes and their ports are behind a lock (a test may
+    // start services concurrently).
     let vhost: String
     let url: AMQPURL
     let tableFile: String
-    var processes: [Process] = []  // every process a test starts, killed by stop()
+    private let started = Mutex<(processes: [Process], ports: [Int32: Int])>(([], [:]))
+    /// Every process a test starts, killed by stop().
+    var processes: [Process] {
+        get { started.withLock { $0.processes } }
+        set { started.withLock { $0.processes = newValue } }
+    }
+    /// The probe port of each service process started.
+    var ports: [Int32: Int] { started.withLock { $0.ports } }
     var connection: AMQPConnection
     var channel: AMQPChannel
     let statusQueue: String
@@ -21,8 +30,6 @@ final class RouterHarness: @unchecked Sendable {
     /// when it arrived; `events(until:)` reads past a cursor.
     let statusEvents = Arrivals()
     private var statusCursor = 0
-    /// The probe port of each service process started.
-    private(set) var ports: [Int32: Int] = [:]
 
     static let table = """
     {"projects":[
@@ -140,11 +147,17 @@ final class RouterHarness: @unchecked Sendable {
         try await IntegrationTests.waitUntil(what, within: within, sourceLocation: sourceLocation, condition)
     }
 
+    /// The sender `p` says it leads (the gauge's own line: its HELP text
+    /// contains "frontdesk_sender_leader 1" too).
+    func isLeading(_ p: Process) async throws -> Bool {
+        try await metrics(p).split(separator: "\n").contains("frontdesk_sender_leader 1")
+    }
+
     /// The sender `p` (the one leading) has seen an agent on `route` ("project/target").
     func waitUntilSenderSeesAgents(_ p: Process, on route: String) async throws {
         try await waitUntil("the sender sees an agent on \(route)") {
-            let m = try await metrics(p)
-            return m.contains("frontdesk_sender_leader 1") && m.split(separator: "\n").contains {
+            let lines = try await metrics(p).split(separator: "\n")
+            return lines.contains("frontdesk_sender_leader 1") && lines.contains {
                 $0.hasPrefix("frontdesk_sender_agents{target=\"\(route)\"}") && !$0.hasSuffix(" 0")
             }
         }
@@ -153,7 +166,7 @@ final class RouterHarness: @unchecked Sendable {
     /// The sender `p` leads and consumes its queues.
     func waitUntilLeading(_ p: Process) async throws {
         try await waitUntil("the sender leads") {
-            guard try await metrics(p).contains("frontdesk_sender_leader 1") else { return false }
+            guard try await isLeading(p) else { return false }
             return try await consumers("frontdesk.replies") > 0
         }
     }
@@ -230,8 +243,10 @@ final class RouterHarness: @unchecked Sendable {
             p.standardError = FileHandle(forWritingAtPath: file) ?? FileHandle.nullDevice
         }
         try p.run()
-        processes.append(p)
-        ports[p.processIdentifier] = port
+        started.withLock {
+            $0.processes.append(p)
+            $0.ports[p.processIdentifier] = port
+        }
         if !waitUntilReady { return p }
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {

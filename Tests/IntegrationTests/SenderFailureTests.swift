@@ -65,22 +65,27 @@ extension BrokerIntegration {
             }
         }
 
-        /// RabbitMQ does not enforce `exclusive` on a quorum queue's consumers:
-        /// leadership must come from the count, with one leader among replicas
-        /// started at the same instant and one added later.
+        /// Leadership is the exclusive lock queue: one leader among replicas
+        /// started at the same instant and one added later, as each says
+        /// itself (`frontdesk_sender_leader`) and as the broker shows (the
+        /// replies queue has one consumer: only a leader consumes it).
         @Test func threeReplicasHaveExactlyOneLeader() async throws {
             try await withHarness("sender-one-leader") { h in
                 async let a = h.startSender()
                 async let b = h.startSender()
-                _ = try await (a, b)
-                try await h.startSender()
-                func leaders() async throws -> UInt32 {
-                    try await h.channel.queueDeclare("frontdesk.sender.leader", passive: true).consumerCount
+                let (first, second) = try await (a, b)
+                let third = try await h.startSender()
+                func leaders() async throws -> Int {
+                    var n = 0
+                    for p in [first, second, third] where try await h.isLeading(p) { n += 1 }
+                    return n
                 }
                 // One leads at once, and no second one joins it while the three run.
                 try await h.waitUntil("one sender leads") { try await leaders() == 1 }
+                try await h.waitUntil("the leader consumes the replies") { try await h.consumers("frontdesk.replies") == 1 }
                 for _ in 0..<25 {
                     #expect(try await leaders() == 1)
+                    #expect(try await h.consumers("frontdesk.replies") == 1)
                     try await Task.sleep(for: .milliseconds(200))  // sampling over 5 s, not waiting for a condition
                 }
             }
