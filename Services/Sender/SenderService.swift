@@ -119,9 +119,7 @@ final class SenderService: Service {
             let channel = try await connection.openChannel()
             do {
                 try await channel.queueDeclare(SenderTopology.lock, durable: false, exclusive: true, autoDelete: false)
-                // noAck: a message someone put in the lock queue is not held for ever
-                // (the broker's consumer timeout would end the term).
-                leadership = try await channel.consume(queue: SenderTopology.lock, noAck: true, exclusive: true)
+                leadership = try await channel.consume(queue: SenderTopology.lock, exclusive: true)
             } catch let error as AMQPError where error.replyCode == 405 {
                 // RESOURCE_LOCKED: another sender holds it (the broker closed this channel).
                 try await Task.sleep(for: Self.standbyPoll)
@@ -141,25 +139,6 @@ final class SenderService: Service {
             }
         }
         defer { watch.cancel() }
-        // On a cluster, a lost node's transient queues are deleted by name by
-        // each other node, without a look at who declared them since: a lock
-        // this leader took after such a loss can be deleted under it without a
-        // cancel. The leader looks once a second and steps down when it is gone.
-        let lockCheck = Task { [logger] in
-            while !Task.isCancelled, !self.stopping, connection.isOpen {
-                try? await Task.sleep(for: .seconds(1))
-                do {
-                    try await connection.withChannel { _ = try await $0.queueDeclare(SenderTopology.lock, passive: true) }
-                } catch let error as AMQPError where error.replyCode == 404 || error.replyCode == 405 {
-                    logger.warning("the leadership lock is gone; stepping down", [("error", .string("\(error)"))])
-                    await connection.close()
-                    return
-                } catch {
-                    continue
-                }
-            }
-        }
-        defer { lockCheck.cancel() }
         metrics.leader.set(1)
         logger.info("leading")
         let publisher = try await connection.openChannel()
@@ -229,7 +208,7 @@ final class SenderService: Service {
 /// replica stands by; `finish` reads up to a marker of our own, waits for a
 /// dead leader's last events to land, reads to a second marker, and stops:
 /// from then on this term is the only sender publishing (leadership is the
-/// exclusive lock queue), and it notes its own events in the log as
+/// leader queue's single consumer), and it notes its own events in the log as
 /// they are confirmed. The router's later events need no reading: a hand-off
 /// it sends again within this term is caught by the entry the term marks
 /// accepted. (Following the log for the whole term cost ~15% of the leader's
