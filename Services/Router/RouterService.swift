@@ -232,14 +232,14 @@ struct RouterService: Service {
         case .notForRouter:
             return .publish([], counted: .command("activity"))
         case .cancel(let cancel):
-            return .publish([handOff(SenderCommand(cancel))], counted: .command("cancel"))
+            return .publish(handOffs(SenderCommand(cancel)), counted: .command("cancel"))
         case .reroute(let reroute):
             guard resolver.table.target(reroute.route) != nil else {
                 let reason = "the reroute names \(reroute.route.description), which is no target of the routing table"
                 logger.info("dead-lettered", [("code", "unknown_target"), ("reason", .string(reason))])
                 return .publish([deadLetterMessage(delivery, .unknownTarget, reason)], counted: .deadLetter(.unknownTarget))
             }
-            return .publish([handOff(SenderCommand(reroute))], counted: .command("reroute"))
+            return .publish(handOffs(SenderCommand(reroute)), counted: .command("reroute"))
         }
     }
 
@@ -267,8 +267,11 @@ struct RouterService: Service {
         var messages = record.events().map(Self.statusMessage)
         if let (code, reason) = dl { messages.append(deadLetterMessage(delivery, code, reason)) }
         if record.outcome == .routed {
+            // To the partition of its route (every routed record names one; 0 otherwise).
+            let partition = record.project.flatMap { p in record.target.map { t in RoutingTable.Route(project: p.id, target: t.id) } }
+                .map(configuration.senderPartitions.partition(of:)) ?? 0
             messages.append(OutboundMessage(
-                exchange: "", routingKey: RouterTopology.senderInbox, body: body,
+                exchange: "", routingKey: SharedTopology.senderInbox(partition: partition), body: body,
                 properties: .persistentJSON(messageID: "\(record.id)/handoff", correlationID: record.id, type: DispatchRecord.handoffType)
                     .stamped(by: configuration.login),
                 mandatory: true))
@@ -283,13 +286,18 @@ struct RouterService: Service {
     }
 
     /// A validated cancel or reroute for the sender: body and properties
-    /// written here, nothing of the producer's message carried over.
-    private func handOff(_ command: SenderCommand) -> OutboundMessage {
-        OutboundMessage(
-            exchange: "", routingKey: RouterTopology.senderInbox, body: command.jsonData(),
-            properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)
-                .stamped(by: configuration.login),
-            mandatory: true)
+    /// written here, nothing of the producer's message carried over. To
+    /// every partition: a command names only its dispatch, whose partition
+    /// (its route's, changed by a reroute) only the sender knows; the
+    /// partition that holds the dispatch acts, the others remember it.
+    private func handOffs(_ command: SenderCommand) -> [OutboundMessage] {
+        configuration.senderPartitions.all.map { k in
+            OutboundMessage(
+                exchange: "", routingKey: SharedTopology.senderInbox(partition: k), body: command.jsonData(),
+                properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)
+                    .stamped(by: configuration.login),
+                mandatory: true)
+        }
     }
 
     private func deadLetterMessage(_ delivery: AMQPDelivery, _ code: DeadLetterCode, _ reason: String) -> OutboundMessage {

@@ -1,4 +1,5 @@
 import AMQP
+import FrontDeskModel
 import ServiceKit
 
 /// The router's broker objects, besides the shared ones.
@@ -9,10 +10,7 @@ enum RouterTopology {
     /// The decision log: one record per request id, in one total order. The
     /// first record of an id wins on every replica. A stream, replayed on start.
     static let decisionLog = "frontdesk.router.decisions"
-    /// The hand-off to the sender: routed dispatches, cancels and reroutes. Quorum.
-    static let senderInbox = "frontdesk.sender.inbox"
-
-    static func declare(on channel: AMQPChannel) async throws {
+    static func declare(on channel: AMQPChannel, partitions: SenderPartitions) async throws {
         try await SharedTopology.declare(on: channel)
         try await channel.queueDeclare(intakeQueue, arguments: ["x-queue-type": "quorum"])
         try await channel.queueBind(intakeQueue, exchange: SharedTopology.commandsExchange, routingKey: "#")
@@ -21,6 +19,9 @@ enum RouterTopology {
         try await channel.queueDeclare(decisionLog, arguments: [
             "x-queue-type": "stream", "x-max-age": "1D", "x-stream-max-segment-size-bytes": .int64(16_000_000),
         ])
-        try await channel.queueDeclare(senderInbox, arguments: ["x-queue-type": "quorum"])
+        // The hand-off to the sender, one inbox per partition: routed dispatches, cancels and reroutes.
+        for k in partitions.all {
+            try await channel.queueDeclare(SharedTopology.senderInbox(partition: k), arguments: ["x-queue-type": "quorum"])
+        }
     }
 }

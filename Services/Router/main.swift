@@ -12,7 +12,7 @@ let configuration = ServiceBootstrap.configurationOrExit(
     defaultHTTPPort: 9101)
 let table = ServiceBootstrap.routingTableOrExit(configuration)
 let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
-    try await RouterTopology.declare(on: channel)
+    try await RouterTopology.declare(on: channel, partitions: configuration.senderPartitions)
 }
 let service = RouterService(
     client: bootstrap.client,

@@ -12,6 +12,7 @@ struct SenderMetrics: Sendable {
     let inFlight: Gauge
     let rejected: Counter
     let leader: Gauge
+    let partitionsLed: Gauge
     let replyTime: Histogram
     let deadLetters: Counter
 
@@ -25,7 +26,8 @@ struct SenderMetrics: Sendable {
         agents = registry.gauge("frontdesk_sender_agents", "agents consuming, per target, as the leader last saw them", labels: ["target"])
         inFlight = registry.gauge("frontdesk_sender_in_flight", "dispatches with agents, per target", labels: ["target"])
         rejected = registry.counter("frontdesk_sender_rejected_total", "messages in internal queues that no service wrote, dropped", labels: ["queue"])
-        leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads")
+        leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads (a partition, with several)")
+        partitionsLed = registry.gauge("frontdesk_sender_partitions_led", "how many of the sender's partitions this replica leads")
         deadLetters = registry.counter("frontdesk_sender_dead_letters_total", "agent replies dead-lettered, by code", labels: ["code"])
         replyTime = registry.histogram(
             "frontdesk_sender_reply_seconds", "from the dispatch's start to its agent's final reply",

@@ -10,33 +10,62 @@ import Synchronization
 /// run a `SenderTerm` until the connection fails. Standby replicas look
 /// every `standbyPoll`, so that a new leader takes over well within a second
 /// of the old one's connection ending.
+///
+/// With the work split into partitions (FRONTDESK_SENDER_PARTITIONS > 1),
+/// each partition has a lock of its own and a slot in every replica that
+/// runs its terms; the replicas share the partitions (`PartitionBalance`,
+/// counting each other as the consumers of `frontdesk.sender.members`), and
+/// one status log reader per replica, reading on while its terms lead, lets
+/// each partition see what the others published (a reroute moves a dispatch
+/// to another partition).
 final class SenderService: Service {
     let configuration: ServiceConfiguration
     let table: RoutingTable
     let logger: Logger
     let metrics: SenderMetrics
-    /// `blocked`: a term ended because the broker blocked its publishes; it
-    /// stays set across reconnects (a new connection is told of the alarm
-    /// only once it publishes) until a publish is confirmed again.
-    private let state = Mutex<(stopping: Bool, connection: AMQPConnection?, ready: Bool, blocked: Bool)>((false, nil, false, false))
+    let balance: PartitionBalance
+    var partitions: SenderPartitions { configuration.senderPartitions }
+
+    /// The slot of the control connection in `connections` (partitions are 0…P−1).
+    private static let control = -1
+
+    private struct State {
+        var stopping = false
+        /// Each partition slot's connection, and the control connection.
+        var connections: [Int: AMQPConnection] = [:]
+        var ready = false
+        /// A term ended because the broker blocked its publishes; it stays
+        /// set across reconnects (a new connection is told of the alarm only
+        /// once it publishes) until a publish is confirmed again.
+        var blocked = false
+        /// The partitions this replica leads, and how many replicas there are.
+        var led: Set<Int> = []
+        var replicas = 1
+        var lastChange = Date()
+        var lastOverTake = Date.distantPast
+        var lastTry: [Int: Date] = [:]
+    }
+
+    private let state = Mutex(State())
 
     init(configuration: ServiceConfiguration, table: RoutingTable, logger: Logger, metrics: SenderMetrics) {
         self.configuration = configuration
         self.table = table
         self.logger = logger
         self.metrics = metrics
+        balance = PartitionBalance(partitions: configuration.senderPartitions)
     }
 
     /// Connected with its topology declared, and the broker takes its publishes.
-    var isReady: Bool { state.withLock { $0.ready && !$0.blocked && $0.connection?.blockedReason == nil } }
+    var isReady: Bool { state.withLock { s in s.ready && !s.blocked && s.connections.values.allSatisfy { $0.blockedReason == nil } } }
     private var stopping: Bool { state.withLock { $0.stopping } }
 
     func shutdown() async {
-        let connection = state.withLock { s -> AMQPConnection? in
+        let connections = state.withLock { s -> [AMQPConnection] in
             s.stopping = true
-            return s.connection
+            return Array(s.connections.values)
         }
-        await connection?.close()
+        for c in connections { await c.close() }
     }
 
     /// How often a standby replica asks whether the leader is still there.
@@ -46,33 +75,59 @@ final class SenderService: Service {
     static let shortTerm = Duration.seconds(5)
 
     func run() async throws {
+        if partitions.count == 1 { return await runSlot(0, shared: nil) }
+        let backoff = Backoff(baseMs: 200, maxMs: 5000)
+        var failures = 0
+        let nodes = configuration.amqp.nodes.shuffled()
+        var next = 0
+        while !stopping {
+            do {
+                try await session(configuration.amqp.to(nodes[next % nodes.count]))
+                failures = 0
+            } catch {
+                failures += 1
+                if !stopping { logger.warning("sender session ended; reconnecting", [("error", .string("\(error)"))]) }
+            }
+            next += 1
+            state.withLock { s in
+                s.connections[Self.control] = nil
+                s.ready = false
+            }
+            if !stopping, failures > 0, failures % nodes.count == 0 {
+                try? await Task.sleep(for: .milliseconds(backoff.delayMs(afterAttempt: max(1, failures / nodes.count))))
+            }
+        }
+    }
+
+    /// The terms of partition `k`, one after another, until the service
+    /// stops (or, with several partitions, its session ends).
+    private func runSlot(_ k: Int, shared: StatusLogReader?) async {
         let backoff = Backoff(baseMs: 200, maxMs: 5000)
         var failures = 0
         // Every node of AMQP_URL, in a shuffled order: after a failure or a lost
         // connection the next; a back-off only once each has failed in a row.
         let nodes = configuration.amqp.nodes.shuffled()
         var next = 0
-        while !stopping {
+        while !stopping, !Task.isCancelled {
             let began = ContinuousClock.now
             do {
-                try await term(configuration.amqp.to(nodes[next % nodes.count]))
+                try await term(configuration.amqp.to(nodes[next % nodes.count]), partition: k, shared: shared)
                 failures = ContinuousClock.now - began < Self.shortTerm && !stopping ? failures + 1 : 0
                 next += 1
             } catch {
                 failures += 1
                 next += 1
                 state.withLock { s in
-                    if (error as? AMQPError)?.code == .connectionBlocked || s.connection?.blockedReason != nil { s.blocked = true }
+                    if (error as? AMQPError)?.code == .connectionBlocked || s.connections[k]?.blockedReason != nil { s.blocked = true }
                 }
-                if !stopping {
-                    logger.warning("sender term ended; reconnecting", [("error", .string("\(error)"))])
+                if !stopping, !Task.isCancelled {
+                    logger.warning("sender term ended; reconnecting", [("error", .string("\(error)")), ("partition", .int(k))])
                 }
             }
             state.withLock { s in
-                s.connection = nil
-                s.ready = false
+                s.connections[k] = nil
+                if shared == nil { s.ready = false }
             }
-            metrics.leader.set(0)
             let roundFailed = failures > 0 && failures % nodes.count == 0
             if !stopping, nodes.count == 1 || roundFailed {
                 try? await Task.sleep(for: .milliseconds(backoff.delayMs(afterAttempt: max(1, failures / nodes.count))))
@@ -80,25 +135,114 @@ final class SenderService: Service {
         }
     }
 
-    private func term(_ amqp: AMQPConnectionConfiguration) async throws {
+    /// With several partitions: the replica's control connection — the
+    /// topology, its membership, the shared status log reader — and a slot
+    /// per partition, until that connection fails (its terms end with it).
+    private func session(_ amqp: AMQPConnectionConfiguration) async throws {
         let connection = try await AMQPConnection.connect(amqp)
         let proceed = state.withLock { s -> Bool in
-            s.connection = connection
+            s.connections[Self.control] = connection
             return !s.stopping
         }
         defer { Task { await connection.close() } }
         guard proceed else { return }
-        try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table) }
+        try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table, partitions: partitions) }
+        let control = try await connection.openChannel()
+        try await control.queueDeclare(SenderTopology.members, durable: false, exclusive: false, autoDelete: true)
+        let membership = try await control.consume(queue: SenderTopology.members)
+        let memberGone = StatusLogReader.Flag()
+        let watch = Task {
+            // Nothing is published here but by mistake or malice: acked, so
+            // that no unacked message trips the consumer timeout.
+            do { for try await d in membership { try? d.ack() } } catch {}
+            memberGone.value.store(true, ordering: .releasing)
+        }
+        defer { watch.cancel() }
+        let reader = try await StatusLogReader.start(
+            connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds, partitions: partitions)
+        let probes = try await connection.openChannel()
+        try await probes.confirmSelect()
         state.withLock { $0.ready = true }
-        logger.info("connected; waiting to lead", [("broker", .string("\(amqp.url)"))])
+        logger.info("connected; sharing the partitions", [("broker", .string("\(amqp.url)")), ("partitions", .int(partitions.count))])
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for k in partitions.all {
+                group.addTask { await self.runSlot(k, shared: reader) }
+            }
+            group.addTask {
+                var lastProbe = ContinuousClock.now
+                while !self.stopping {
+                    try await Task.sleep(for: .seconds(1))
+                    guard connection.isOpen, !reader.hasEnded, !memberGone.value.load(ordering: .acquiring) else {
+                        throw AMQPError(.consumerCancelled, "the control connection, its membership or its status log reader ended")
+                    }
+                    let replicas = Int(try await control.queueDeclare(SenderTopology.members, passive: true).consumerCount)
+                    if ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
+                        try await reader.probe(publisher: probes)
+                        lastProbe = .now
+                    }
+                    await self.rebalance(replicas: replicas)
+                }
+            }
+            // The first to end (the control loop failing, or a slot as the service stops) ends them all.
+            _ = try await group.next()
+            group.cancelAll()
+        }
+        await reader.stop()
+    }
+
+    /// Gives up a partition when this replica leads more than its share.
+    private func rebalance(replicas: Int) async {
+        let now = Date()
+        let release = state.withLock { s -> (Int, AMQPConnection?)? in
+            s.replicas = max(1, replicas)
+            guard let k = balance.release(
+                led: s.led, replicas: s.replicas, sinceLastChange: now.timeIntervalSince(s.lastChange),
+                sinceOverTake: now.timeIntervalSince(s.lastOverTake))
+            else { return nil }
+            s.lastTry[k] = now
+            s.lastChange = now
+            return (k, s.connections[k])
+        }
+        guard let (k, connection) = release else { return }
+        logger.info("giving up a partition to another replica", [("partition", .int(k)), ("replicas", .int(replicas))])
+        await connection?.close()
+    }
+
+    private func term(_ amqp: AMQPConnectionConfiguration, partition k: Int, shared: StatusLogReader?) async throws {
+        let connection = try await AMQPConnection.connect(amqp)
+        let proceed = state.withLock { s -> Bool in
+            s.connections[k] = connection
+            return !s.stopping
+        }
+        defer { Task { await connection.close() } }
+        guard proceed else { return }
+        try await withTaskCancellationHandler {
+            try await lead(connection, amqp, partition: k, shared: shared)
+        } onCancel: {
+            Task { await connection.close() }
+        }
+    }
+
+    private func lead(_ connection: AMQPConnection, _ amqp: AMQPConnectionConfiguration, partition k: Int, shared: StatusLogReader?) async throws {
+        if shared == nil {
+            try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table, partitions: partitions) }
+            state.withLock { $0.ready = true }
+            logger.info("connected; waiting to lead", [("broker", .string("\(amqp.url)"))])
+        }
         // A warm standby: the status log is read from the lifetime window's
         // start while this replica waits, so that taking over reads only its
         // tail (with a long log, reading it all at takeover took seconds).
-        let logReader = try await StatusLogReader.start(
-            connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds)
+        // With several partitions the replica's one reader serves every slot.
+        let logReader: StatusLogReader
+        if let shared {
+            logReader = shared
+        } else {
+            logReader = try await StatusLogReader.start(connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds)
+        }
         // A standby also makes sure its reader still reads (on 3.10 a stream
         // consumer can hang without a cancel when its stream member restarts):
         // a probe marker every `probeInterval`, read back within it, or the term ends.
+        // (The shared reader is probed by the replica's control loop.)
         let probes = try await connection.openChannel()
         try await probes.confirmSelect()
         var lastProbe = ContinuousClock.now
@@ -111,15 +255,29 @@ final class SenderService: Service {
         // with that node gone for good no standby would ever lead.
         var leadership: AMQPConsumer?
         while leadership == nil {
-            if stopping || !connection.isOpen { return }
-            if ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
+            if stopping || !connection.isOpen || Task.isCancelled { return }
+            if shared == nil, ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
                 try await logReader.probe(publisher: probes)
                 lastProbe = .now
             }
+            if shared != nil {
+                // Another partition only while below this replica's share, or now and then.
+                let now = Date()
+                let may = state.withLock { s -> Bool in
+                    guard balance.mayTry(led: s.led.count, replicas: s.replicas, sinceLastTry: now.timeIntervalSince(s.lastTry[k] ?? .distantPast))
+                    else { return false }
+                    s.lastTry[k] = now
+                    return true
+                }
+                if !may {
+                    try await Task.sleep(for: Self.standbyPoll)
+                    continue
+                }
+            }
             let channel = try await connection.openChannel()
             do {
-                try await channel.queueDeclare(SenderTopology.lock, durable: false, exclusive: true, autoDelete: false)
-                leadership = try await channel.consume(queue: SenderTopology.lock, exclusive: true)
+                try await channel.queueDeclare(SenderTopology.lock(k), durable: false, exclusive: true, autoDelete: false)
+                leadership = try await channel.consume(queue: SenderTopology.lock(k), exclusive: true)
             } catch let error as AMQPError where error.replyCode == 405 {
                 // RESOURCE_LOCKED: another sender holds it (the broker closed this channel).
                 try await Task.sleep(for: Self.standbyPoll)
@@ -132,22 +290,27 @@ final class SenderService: Service {
         let leader = leadership!
         await probes.close()
         let watch = Task { [logger] in
-            do { for try await _ in leader {} } catch {}
-            if !Task.isCancelled && !self.stopping {
-                logger.warning("leadership lost; ending the term")
+            // (A message put into the lock by name is acked: unacked, it would
+            // trip the consumer timeout and end the term after 30 minutes.)
+            do { for try await d in leader { try? d.ack() } } catch {}
+            // (A connection closed here — the service stopping, or a partition
+            // given up to another replica — ends the term without a warning.)
+            if !Task.isCancelled && !self.stopping && connection.isOpen {
+                logger.warning("leadership lost; ending the term", [("partition", .int(k))])
                 await connection.close()
             }
         }
         defer { watch.cancel() }
-        metrics.leader.set(1)
-        logger.info("leading")
+        noteLeading(k, true)
+        defer { noteLeading(k, false) }
+        logger.info("leading", [("partition", .int(k)), ("routes", .int(partitions.routes(k, of: table).count))])
         let publisher = try await connection.openChannel()
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
         state.withLock { $0.blocked = false }  // its marker was published and confirmed
-        let statusLog = try await logReader.finish(publisher: publisher, grace: takeoverGrace)
+        let statusLog = try await logReader.finish(publisher: publisher, grace: takeoverGrace, keepReading: shared != nil)
         let term = SenderTerm(
-            connection: connection, publisher: publisher, table: table,
+            connection: connection, publisher: publisher, table: table, partition: k, partitions: partitions,
             policy: RetryPolicy(
                 baseMs: configuration.retry.baseMs, maxMs: configuration.retry.maxMs,
                 maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds,
@@ -158,6 +321,23 @@ final class SenderService: Service {
         try await withTaskExecutorPreference(connection.executor) {
             try await term.run(replayedCommands: replayed)
         }
+    }
+
+    /// Keeps the set of led partitions and the leader gauges.
+    private func noteLeading(_ k: Int, _ leading: Bool) {
+        let now = Date()
+        let count = state.withLock { s -> Int in
+            if leading {
+                if s.led.count >= balance.share(replicas: s.replicas) { s.lastOverTake = now }
+                s.led.insert(k)
+            } else {
+                s.led.remove(k)
+            }
+            s.lastChange = now
+            return s.led.count
+        }
+        metrics.leader.set(count > 0 ? 1 : 0)
+        metrics.partitionsLed.set(Double(count))
     }
 
     /// How long a new term waits for a dead leader's last events to reach the
@@ -238,8 +418,10 @@ final class StatusLogReader: Sendable {
         self.ended = ended
     }
 
-    static func start(_ connection: AMQPConnection, login: String, lifetimeSeconds: Int) async throws -> StatusLogReader {
-        let log = StatusLog(writer: login)
+    static func start(
+        _ connection: AMQPConnection, login: String, lifetimeSeconds: Int, partitions: SenderPartitions = .one
+    ) async throws -> StatusLogReader {
+        let log = StatusLog(writer: login, partitions: partitions)
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: 2000)
         let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(UInt64(clamping: lifetimeSeconds) &+ 60)
@@ -295,7 +477,10 @@ final class StatusLogReader: Sendable {
         try await readToMarker(publisher)
     }
 
-    func finish(publisher: AMQPChannel, grace: Duration) async throws -> StatusLog {
+    /// Reads to the log's end as a new term starts; `keepReading`: the
+    /// reader goes on (a log shared by the terms of several partitions,
+    /// which see each other's events through it), else it stops.
+    func finish(publisher: AMQPChannel, grace: Duration, keepReading: Bool = false) async throws -> StatusLog {
         try await readToMarker(publisher)
         // A leader killed a moment ago may have events still inside the broker
         // (published, not yet routed to the log) when our marker lands: a
@@ -303,8 +488,16 @@ final class StatusLogReader: Sendable {
         // Give them time to land, then read to a second marker.
         try await Task.sleep(for: grace)
         try await readToMarker(publisher)
-        await channel.close()
-        await reader.value
+        if !keepReading { await stop() }
         return log
     }
+
+    /// Stops reading.
+    func stop() async {
+        await channel.close()
+        await reader.value
+    }
+
+    /// The reader stopped (its consumer or channel ended).
+    var hasEnded: Bool { ended.value.load(ordering: .acquiring) }
 }

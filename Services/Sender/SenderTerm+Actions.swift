@@ -50,9 +50,9 @@ extension SenderTerm {
             case .delay(let copy, let until):
                 // A retry waits in the broker, not here: in a delay queue whose TTL
                 // brings it back to frontdesk.sender.retry when it is due.
-                let (queue, ttl) = SenderTopology.delayQueue(ms: SenderTopology.ttlMs(until: until, now: Date()))
+                let (queue, ttl) = SenderTopology.delayQueue(ms: SenderTopology.ttlMs(until: until, now: Date()), partition: partition)
                 if !delayQueues.contains(queue) {
-                    try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, on: publisher)
+                    try await SenderTopology.declareDelayQueue(queue, ttlMs: ttl, partition: partition, on: publisher)
                     delayQueues.insert(queue)
                 }
                 let body = copy.jsonData()
@@ -76,7 +76,7 @@ extension SenderTerm {
             if let f = h.inFlight { countInFlight(f.route, f.window, -1) }
             if let state = finished {
                 metrics.dispatches.increment(state.rawValue)
-                statusLog.markFinished(id)
+                statusLog.markFinished(id, term: term)
                 if let started = repliedStartedAt.flatMap(RFC3339.parse) {
                     metrics.replyTime.observe(Date().timeIntervalSince(started))
                 }
@@ -123,9 +123,12 @@ extension SenderTerm {
     func waitingRecord(_ copy: ParkedDispatch, body: Data) -> OutboundMessage {
         let id = copy.record.id
         let expiresAt = RFC3339.parse(copy.record.expiresAt).map(StatusLog.seconds)
-        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body, expiresAt: expiresAt)
+        let route = RoutingTable.Route(project: copy.project.id, target: copy.target.id)
+        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body, expiresAt: expiresAt, route: route)
         var properties = AMQPProperties.persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType)
-        if let expiresAt { properties.headers = [StatusLog.expiresAtHeader: .int64(Int64(expiresAt))] }
+        var headers: FieldTable = [StatusLog.routeHeader: .string("\(route.project).\(route.target)")]
+        if let expiresAt { headers[StatusLog.expiresAtHeader] = .int64(Int64(expiresAt)) }
+        properties.headers = headers
         return OutboundMessage(exchange: "", routingKey: SenderTopology.statusLog, body: body, properties: properties.stamped(by: login))
     }
 }

@@ -10,7 +10,7 @@ extension SenderTerm {
         let now = Date()
         switch input {
         case .inbox(let d):
-            guard handOffWriters.wrote(d) else { return try rejectForged(d, SenderTopology.inbox, handOffWriters) }
+            guard handOffWriters.wrote(d) else { return try rejectForged(d, SenderTopology.inbox(partition), handOffWriters) }
             switch d.properties.type {
             case DispatchRecord.handoffType: try await handOff(d, now: now)
             case SenderCommand.cancelType, SenderCommand.rerouteType: try await command(d, now: now)
@@ -22,13 +22,20 @@ extension SenderTerm {
             guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.parkQueue(route), copyWriters) }
             try await surfaced(d, .parked, from: route, window: .park, now: now)
         case .expired(let d):
-            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.expired, copyWriters) }
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.expired(partition), copyWriters) }
+            if passesOn, let copy = try? ParkedDispatch(jsonData: d.body), !owns(copy.route) {
+                return passOn(d, to: SenderTopology.expired(partitions.partition(of: copy.route)), id: copy.record.id, type: ParkedDispatch.type)
+            }
             try await surfaced(d, .expired, window: .none, now: now)
         case .retryDue(let d):
-            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.retry, copyWriters) }
+            guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.retry(partition), copyWriters) }
             try await surfaced(d, .retryDue, window: .retry, now: now)
         case .reply(let d):
+            // Another partition's replies were passed on by partition 0's leader.
+            if partition != 0, !copyWriters.wrote(d) { return try rejectForged(d, SenderTopology.replies(partition), copyWriters) }
             switch AgentReply.classify(type: d.properties.type, body: d.body) {
+            case .success(let reply) where passesOn && held[reply.dispatchId] == nil:
+                return placeReply(d, reply.dispatchId, now: now)
             case .success(let reply):
                 // A reply for a dispatch this term does not hold (finished, or
                 // a late copy) is ignored: replies may come more than once.
@@ -57,6 +64,8 @@ extension SenderTerm {
                 lastExpirySweep = now
                 try await expireWaiting(now: now)
             }
+            if !heldReplies.isEmpty { placeHeldReplies(now: now) }
+            if !recentCommands.isEmpty { try await lookAgainAtRecentCommands(now: now) }
         case .presence(let snapshot):
             try await presenceChanged(snapshot, now: now)
         }
@@ -98,11 +107,11 @@ extension SenderTerm {
             return try d.ack()
         }
         let outcome = SenderDecisions.handOff(
-            record, redelivered: d.redelivered, deliveryCount: deliveryCount(d), known: statusLog.knowledge(record.id),
+            record, redelivered: d.redelivered, deliveryCount: deliveryCount(d), known: statusLog.knowledge(record.id, term: term),
             held: held[record.id] != nil, pending: &pendingCommands, target: targets(.inbox), parts: table.eventParts,
             policy: policy, now: now)
         if case .take = outcome {
-            statusLog.markAccepted(record.id)
+            statusLog.markAccepted(record.id, term: term)
             metrics.dispatches.increment("received")
         }
         try await carryOut(outcome, d, id: record.id, window: .inbox)
@@ -115,7 +124,7 @@ extension SenderTerm {
         guard let copy = try? ParkedDispatch(jsonData: d.body) else { return try d.ack() }
         let id = copy.record.id
         let outcome = SenderDecisions.surfaced(
-            copy, wait, queueRoute: queueRoute, deliveryCount: deliveryCount(d), known: statusLog.knowledge(id), held: held[id] != nil,
+            copy, wait, queueRoute: queueRoute, deliveryCount: deliveryCount(d), known: statusLog.knowledge(id, term: term), held: held[id] != nil,
             pending: &pendingCommands, target: targets(window), parts: table.eventParts, policy: policy, now: now)
         try await carryOut(outcome, d, id: id, window: window)
     }
@@ -142,8 +151,9 @@ extension SenderTerm {
     /// queue's own TTL fires only at the queue's head, which a copy with a
     /// longer lifetime can hold for hours; the contract allows 5 s.
     private func expireWaiting(now: Date) async throws {
-        for id in statusLog.dueWaiting(now: now, limit: 1000) where held[id] == nil {
-            guard case .actOnCopy(var machine) = SenderDecisions.expiry(known: statusLog.knowledge(id), policy: policy) else { continue }
+        for id in statusLog.dueWaiting(now: now, limit: 1000, partition: partition) where held[id] == nil {
+            guard case .actOnCopy(var machine) = SenderDecisions.expiry(known: statusLog.knowledge(id, term: term), policy: policy, owns: owns)
+            else { continue }
             let actions = machine.timerFired(now: max(now, machine.expiresAtDate), targetOnline: false, jitter: 0)
             held[id] = Held(machine: machine, lease: nil)
             metrics.dispatches.increment("expired_waiting")
@@ -162,11 +172,21 @@ extension SenderTerm {
             logger.warning("unreadable command dropped", [("message_id", .string(d.properties.messageID ?? ""))])
             return try d.ack()
         }
-        let id = command.id
         defer { pendingAcks.append(d) }
-        switch SenderDecisions.command(command, known: statusLog.knowledge(id), held: held[id] != nil, policy: policy) {
+        try await apply(command, now: now)
+    }
+
+    /// Carries out a command where the decisions say it acts; `lookingAgain`:
+    /// one remembered a moment ago, not remembered a second time.
+    func apply(_ command: SenderCommand, now: Date, lookingAgain: Bool = false) async throws {
+        let id = command.id
+        switch SenderDecisions.command(command, known: statusLog.knowledge(id, term: term), held: held[id] != nil, policy: policy, owns: owns) {
         case .ignore: return
-        case .remember: return remember(command, persist: true)
+        case .remember:
+            if lookingAgain { return }
+            // (At most `maxRecentCommands`: a flood of commands for unknown ids costs no more each tick.)
+            if partitions.count > 1, recentCommands.count < Self.maxRecentCommands { recentCommands.append((command, now)) }
+            return remember(command, persist: true)
         case .actOnCopy(let machine):
             // Held from here on without a lease of its own.
             held[id] = Held(machine: machine, lease: nil)
@@ -181,8 +201,8 @@ extension SenderTerm {
         case .reroute(_, let route):
             // Parked at the new target even when it is online: its park
             // consumer takes it at once, and no task leaves before the new
-            // copy is in the broker.
-            if let parts = table.eventParts(route),
+            // copy is in the broker. (A reroute to where it is changes nothing.)
+            if route != h.machine.route, let parts = table.eventParts(route),
                 case .moved(let moved) = h.machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
             {
                 actions = moved
@@ -214,5 +234,86 @@ extension SenderTerm {
             exchange: "", routingKey: SenderTopology.commands, body: command.jsonData(),
             properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)
                 .stamped(by: login)))
+    }
+}
+
+/// With several partitions, partition 0's leader takes every agent reply (the
+/// contract has one reply queue) and every expired copy (every park queue
+/// dead-letters to one queue), and passes on the other partitions' — with
+/// properties of its own, acked once the broker has confirmed the copy.
+extension SenderTerm {
+    /// How long a reply waits for its dispatch's partition to show in the
+    /// log before it goes to every partition (the one holding it acts).
+    static let replyPlacementWait: TimeInterval = 0.25
+    /// The type of a reply passed on to another partition.
+    static let passedOnReplyType = "frontdesk.sender.reply.v1"
+
+    func passOn(_ d: AMQPDelivery, to queue: String, id: String, type: String) {
+        pendingMessages.append(passedOn(d, to: queue, id: id, type: type))
+        pendingAcks.append(d)
+    }
+
+    /// A copy of `d` for `queue`: its body, with properties of our own.
+    func passedOn(_ d: AMQPDelivery, to queue: String, id: String, type: String) -> OutboundMessage {
+        OutboundMessage(
+            exchange: "", routingKey: queue, body: d.body,
+            properties: .persistentJSON(messageID: "\(id)/passed-on", correlationID: id, type: type).stamped(by: login),
+            mandatory: true)
+    }
+
+    /// A reply for a dispatch this term does not hold: to its partition as
+    /// the log knows it, else held back a moment (behind any held before it:
+    /// one dispatch's replies keep their order).
+    func placeReply(_ d: AMQPDelivery, _ id: String, now: Date) {
+        if heldReplies[id] != nil { return heldReplies[id]!.deliveries.append(d) }
+        switch statusLog.partition(of: id) {
+        case let k? where k != partition:
+            passOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType)
+        case .some:
+            pendingAcks.append(d)  // this partition's, not held: a late or repeated reply, ignored
+        case nil:
+            heldReplies[id] = (now, [d])
+        }
+    }
+
+    /// Held replies whose partition is known now go there; those held for
+    /// `replyPlacementWait` go to every other partition (and are ignored here).
+    func placeHeldReplies(now: Date) {
+        for (id, entry) in heldReplies {
+            let known = statusLog.partition(of: id)
+            guard known != nil || now.timeIntervalSince(entry.since) >= Self.replyPlacementWait else { continue }
+            heldReplies[id] = nil
+            for d in entry.deliveries {
+                if let k = known, k == partition {
+                    pendingAcks.append(d)
+                } else if let k = known {
+                    passOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType)
+                } else {
+                    for k in partitions.all where k != partition {
+                        pendingMessages.append(passedOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType))
+                    }
+                    pendingAcks.append(d)
+                }
+            }
+        }
+    }
+
+    /// Commands remembered in the last `recentCommandWindow`, decided again:
+    /// a dispatch another partition rerouted here shows in the log a moment
+    /// after that partition's move, and its cancel must not wait for its copy.
+    static let recentCommandWindow: TimeInterval = 10
+    static let maxRecentCommands = 1000
+
+    func lookAgainAtRecentCommands(now: Date) async throws {
+        let recent = recentCommands.filter { now.timeIntervalSince($0.at) < Self.recentCommandWindow }
+        recentCommands = []
+        for (command, at) in recent where held[command.id] == nil {
+            let known = statusLog.knowledge(command.id, term: term)
+            switch SenderDecisions.command(command, known: known, held: false, policy: policy, owns: owns) {
+            case .remember: recentCommands.append((command, at))  // still nothing known here
+            case .ignore: continue  // ended, or it waits in another partition
+            case .actOnCopy, .applyToHeld: try await apply(command, now: now, lookingAgain: true)
+            }
+        }
     }
 }

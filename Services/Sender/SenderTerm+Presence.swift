@@ -8,9 +8,9 @@ import ServiceKit
 /// that goes offline puts its dispatches back in `queued`.
 extension SenderTerm {
     /// Every 300 ms: consumers on each agent queue and messages in each park queue.
-    static func pollPresence(channel: AMQPChannel, table: RoutingTable, feed: BatchQueue<Input>) async {
+    static func pollPresence(channel: AMQPChannel, routes: [RoutingTable.Route], feed: BatchQueue<Input>) async {
         while !Task.isCancelled {
-            guard let snapshot = try? await presenceSnapshot(channel, table: table) else { return feed.finish() }
+            guard let snapshot = try? await presenceSnapshot(channel, routes: routes) else { return feed.finish() }
             feed.yield(.presence(snapshot))
             try? await Task.sleep(for: .milliseconds(300))
         }
@@ -18,10 +18,10 @@ extension SenderTerm {
 
     /// Consumers on each agent queue and messages in each park queue, by passive declares.
     static func presenceSnapshot(
-        _ channel: AMQPChannel, table: RoutingTable
+        _ channel: AMQPChannel, routes: [RoutingTable.Route]
     ) async throws -> [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] {
         var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
-        for r in table.routes {
+        for r in routes {
             let agents = try await channel.queueDeclare(SenderTopology.agentQueue(r), passive: true)
             let parked = try await channel.queueDeclare(SenderTopology.parkQueue(r), passive: true)
             snapshot[r] = (agents.consumerCount, parked.messageCount)

@@ -56,7 +56,7 @@ final class SenderTerm {
     /// agents may hold: half the window split over the targets, so silent
     /// or slow agents of any number of targets leave room for the others.
     func share(of window: LeaseWindow) -> Int {
-        let targets = max(1, table.routes.count)
+        let targets = max(1, routes.count)
         switch window {
         // No minimum: with more targets than half a window has slots, their
         // dispatches all wait in their own park queues rather than crowd it.
@@ -83,6 +83,19 @@ final class SenderTerm {
     let connection: AMQPConnection
     let publisher: AMQPChannel
     let table: RoutingTable
+    /// The partition this term leads, of how many, and its routes.
+    let partition: Int
+    let partitions: SenderPartitions
+    let routes: [RoutingTable.Route]
+    /// This term's number in its status log (a log may be shared by the terms of one replica).
+    let term: UInt32
+    /// Replies that partition 0's leader could not place yet (their
+    /// dispatch's partition not in its log yet), in order, per dispatch.
+    var heldReplies: [String: (since: Date, deliveries: [AMQPDelivery])] = [:]
+    /// Commands remembered lately: looked at again each tick, as a dispatch
+    /// moved here by another partition's reroute may show up in the log a
+    /// moment after its command.
+    var recentCommands: [(command: SenderCommand, at: Date)] = []
     let policy: RetryPolicy
     let logger: Logger
     let metrics: SenderMetrics
@@ -128,9 +141,13 @@ final class SenderTerm {
     let copyWriters: InternalWriters
 
     init(
-        connection: AMQPConnection, publisher: AMQPChannel, table: RoutingTable, policy: RetryPolicy, logger: Logger,
-        metrics: SenderMetrics, statusLog: StatusLog, login: String, routerLogin: String
+        connection: AMQPConnection, publisher: AMQPChannel, table: RoutingTable, partition: Int = 0, partitions: SenderPartitions = .one,
+        policy: RetryPolicy, logger: Logger, metrics: SenderMetrics, statusLog: StatusLog, login: String, routerLogin: String
     ) {
+        self.partition = partition
+        self.partitions = partitions
+        routes = partitions.routes(partition, of: table)
+        term = statusLog.newTerm()
         self.login = login
         handOffWriters = InternalWriters([login, routerLogin])
         copyWriters = InternalWriters([login])
@@ -146,6 +163,13 @@ final class SenderTerm {
 
     func online(_ r: RoutingTable.Route) -> Bool { (presence[r]?.consumers ?? 0) > 0 }
 
+    /// The route is this term's partition's.
+    func owns(_ r: RoutingTable.Route) -> Bool { partitions.partition(of: r) == partition }
+
+    /// Partition 0's leader takes every agent reply and every expired copy,
+    /// and passes on those of the other partitions.
+    var passesOn: Bool { partition == 0 && partitions.count > 1 }
+
     /// Runs the term until its connection fails or `stop` is set.
     func run(replayedCommands: [SenderCommand]) async throws {
         // A reroute kept for a dispatch the sender has had since (its events
@@ -159,19 +183,19 @@ final class SenderTerm {
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.
         let presenceChannel = try await connection.openChannel()
-        try await presenceChanged(try await Self.presenceSnapshot(presenceChannel, table: table), now: Date())
-        try await forward(queue: SenderTopology.inbox, prefetch: Self.inboxPrefetch) { .inbox($0) }
-        try await forward(queue: SenderTopology.replies, prefetch: 500) { .reply($0) }
-        try await forward(queue: SenderTopology.expired, prefetch: 100) { .expired($0) }
-        try await forward(queue: SenderTopology.retry, prefetch: Self.retryPrefetch) { .retryDue($0) }
-        forwarders.append(Task { [feed, table] in
-            await SenderTerm.pollPresence(channel: presenceChannel, table: table, feed: feed)
+        try await presenceChanged(try await Self.presenceSnapshot(presenceChannel, routes: routes), now: Date())
+        try await forward(queue: SenderTopology.inbox(partition), prefetch: Self.inboxPrefetch) { .inbox($0) }
+        try await forward(queue: SenderTopology.replies(partition), prefetch: passesOn ? 2000 : 500) { .reply($0) }
+        try await forward(queue: SenderTopology.expired(partition), prefetch: 100) { .expired($0) }
+        try await forward(queue: SenderTopology.retry(partition), prefetch: Self.retryPrefetch) { .retryDue($0) }
+        forwarders.append(Task { [feed, routes] in
+            await SenderTerm.pollPresence(channel: presenceChannel, routes: routes, feed: feed)
         })
         forwarders.append(Task { [feed] in await SenderTerm.tick(feed) })
         defer {
             for f in forwarders { f.cancel() }
             // A term that ended leads nothing: its per-target figures go to 0.
-            for route in table.routes {
+            for route in routes {
                 metrics.agents.set(0, route.description)
                 metrics.parked.set(0, route.description)
                 metrics.inFlight.set(0, route.description)

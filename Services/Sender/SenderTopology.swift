@@ -5,17 +5,25 @@ import ServiceKit
 
 /// The sender's broker objects, besides the shared ones.
 enum SenderTopology {
-    /// Hand-offs, cancels and reroutes from the router (declared by both). Quorum.
-    static let inbox = "frontdesk.sender.inbox"
-    /// Agents reply here (CONTRACT.md). Quorum.
+    /// Hand-offs, cancels and reroutes from the router to partition `k` (declared by both). Quorum.
+    static func inbox(_ k: Int) -> String { SharedTopology.senderInbox(partition: k) }
+    /// Agents reply here (CONTRACT.md). Quorum. With several partitions,
+    /// partition 0's leader passes each reply on to its dispatch's partition.
     static let replies = "frontdesk.replies"
-    /// The leader's lock: an exclusive, transient queue that only one
-    /// connection can hold; gone with that connection or its node.
-    static let lock = "frontdesk.sender.lock"
-    /// Parked dispatches whose lifetime ran out (dead-lettered by TTL). Quorum.
-    static let expired = "frontdesk.sender.expired"
-    /// Dispatches whose retry wait ended (dead-lettered from a delay queue). Quorum.
-    static let retry = "frontdesk.sender.retry"
+    /// The replies for partition `k`: partition 0's is the contract's queue.
+    static func replies(_ k: Int) -> String { k == 0 ? replies : "frontdesk.sender.replies" + SenderPartitions.suffix(k) }
+    /// The lock of partition `k`'s leader: an exclusive, transient queue that
+    /// only one connection can hold; gone with that connection or its node.
+    static func lock(_ k: Int) -> String { "frontdesk.sender.lock" + SenderPartitions.suffix(k) }
+    /// Parked dispatches whose lifetime ran out (dead-lettered by TTL), of
+    /// partition `k`. Every park queue dead-letters to partition 0's, whose
+    /// leader passes the others' on. Quorum.
+    static func expired(_ k: Int) -> String { "frontdesk.sender.expired" + SenderPartitions.suffix(k) }
+    /// Dispatches of partition `k` whose retry wait ended (dead-lettered from a delay queue). Quorum.
+    static func retry(_ k: Int) -> String { "frontdesk.sender.retry" + SenderPartitions.suffix(k) }
+    /// The sender replicas, each a consumer (a classic transient queue: a
+    /// consumer of a lost node is removed at once): how many share the partitions.
+    static let members = "frontdesk.sender.members"
 
     /// Delays are rounded up to this step: a retry is never early and at most this late.
     static let delayStepMs = 500
@@ -34,17 +42,17 @@ enum SenderTopology {
 
     /// The delay queue for a wait of `ms` (rounded up to the step): every
     /// message in it has the same TTL, so none waits behind a longer one.
-    static func delayQueue(ms: Int) -> (name: String, ttlMs: Int) {
+    static func delayQueue(ms: Int, partition k: Int = 0) -> (name: String, ttlMs: Int) {
         let step = delayStepMs
         let clamped = min(max(ms, 1), maxTTLMs / step * step)
         let ttl = max(step, (clamped + step - 1) / step * step)
-        return ("frontdesk.sender.delay.\(ttl)", ttl)
+        return ("frontdesk.sender.delay.\(ttl)" + SenderPartitions.suffix(k), ttl)
     }
 
-    static func declareDelayQueue(_ name: String, ttlMs: Int, on channel: AMQPChannel) async throws {
+    static func declareDelayQueue(_ name: String, ttlMs: Int, partition k: Int, on channel: AMQPChannel) async throws {
         try await channel.queueDeclare(name, arguments: [
             "x-queue-type": "quorum", "x-message-ttl": .int64(Int64(ttlMs)),
-            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(retry),
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(retry(k)),
             "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
         ])
     }
@@ -59,19 +67,21 @@ enum SenderTopology {
     static func agentQueue(_ r: RoutingTable.Route) -> String { SharedTopology.agentQueue(r) }
     static func parkQueue(_ r: RoutingTable.Route) -> String { SharedTopology.parkQueue(r) }
 
-    static func declare(on channel: AMQPChannel, table: RoutingTable) async throws {
+    static func declare(on channel: AMQPChannel, table: RoutingTable, partitions: SenderPartitions) async throws {
         try await SharedTopology.declare(on: channel)
         let quorum: FieldTable = ["x-queue-type": "quorum"]
-        try await channel.queueDeclare(inbox, arguments: quorum)
-        try await channel.queueDeclare(replies, arguments: quorum)
-        try await channel.queueDeclare(expired, arguments: quorum)
-        try await channel.queueDeclare(retry, arguments: quorum)
+        for k in partitions.all {
+            try await channel.queueDeclare(inbox(k), arguments: quorum)
+            try await channel.queueDeclare(replies(k), arguments: quorum)
+            try await channel.queueDeclare(expired(k), arguments: quorum)
+            try await channel.queueDeclare(retry(k), arguments: quorum)
+        }
         try await channel.queueDeclare(commands, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
         try await SharedTopology.declareStatusLog(on: channel)
         for route in table.routes {
             try await channel.queueDeclare(agentQueue(route), arguments: quorum)
             try await channel.queueDeclare(parkQueue(route), arguments: [
-                "x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(expired),
+                "x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(expired(0)),
             ])
         }
     }

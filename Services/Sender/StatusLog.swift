@@ -22,16 +22,21 @@ final class StatusLog: Sendable {
         var seenAt: UInt32 = 0
         /// A terminal event of it has been published.
         var terminal = false
-        /// This term took a hand-off of it: another hand-off is a duplicate.
-        var accepted = false
-        /// This term finished it (its terminal event may still await its confirm).
-        var finished = false
+        /// The term that took a hand-off of it (0: none): another hand-off
+        /// is a duplicate for that term. A log shared by the terms of one
+        /// replica (one a partition) tells its terms apart by number.
+        var acceptedBy: UInt32 = 0
+        /// The term that finished it (its terminal event may still await its confirm).
+        var finishedBy: UInt32 = 0
+        /// Its partition + 1, from the route of its latest event or waiting
+        /// record (0: not known yet): where a reply for it goes.
+        var partitionPlusOne: UInt8 = 0
         /// The seq of the dispatch's current waiting copy (park or delay
         /// queue): a copy that surfaces with a lower seq was superseded (by a
         /// reroute, or a newer wait) and is dropped.
         var copySeq: Int32 = 0
 
-        var ended: Bool { terminal || finished }
+        func ended(term: UInt32) -> Bool { terminal || (finishedBy != 0 && finishedBy == term) }
     }
 
     fileprivate struct State {
@@ -40,11 +45,13 @@ final class StatusLog: Sendable {
         /// what a cancel or reroute needs to act at once, without the copy
         /// that sits in a park or delay queue.
         var waiting: [String: Data] = [:]
-        /// When each waiting dispatch's lifetime ends (seconds since 1970).
-        /// A park queue expires a message only once it reaches the queue's
-        /// head, so an older copy with a longer lifetime would hold a shorter
-        /// one back for hours; the leader ends these itself (`dueWaiting`).
-        var expiries: [String: UInt32] = [:]
+        /// When each waiting dispatch's lifetime ends (seconds since 1970),
+        /// and its partition. A park queue expires a message only once it
+        /// reaches the queue's head, so an older copy with a longer lifetime
+        /// would hold a shorter one back for hours; the leader ends these
+        /// itself (`dueWaiting`).
+        var expiries: [String: (at: UInt32, partition: UInt8)] = [:]
+        var terms: UInt32 = 0
         var markers: [String: CheckedContinuation<Bool, Never>] = [:]
         var arrivedMarkers: Set<String> = []
     }
@@ -52,8 +59,33 @@ final class StatusLog: Sendable {
     private let state = Mutex(State())
     /// The sender's login: waiting records and markers by anyone else are not read.
     private let writer: String
+    let partitions: SenderPartitions
 
-    init(writer: String) { self.writer = writer }
+    init(writer: String, partitions: SenderPartitions = .one) {
+        self.writer = writer
+        self.partitions = partitions
+    }
+
+    /// A number for a new term that decides with this log (never 0).
+    func newTerm() -> UInt32 {
+        state.withLock { s in
+            s.terms &+= 1
+            if s.terms == 0 { s.terms = 1 }
+            return s.terms
+        }
+    }
+
+    /// The partition of dispatch `id` as the log last saw it, if known.
+    func partition(of id: String) -> Int? {
+        state.withLock { s in s.entries[id].flatMap { $0.partitionPlusOne == 0 ? nil : Int($0.partitionPlusOne) - 1 } }
+    }
+
+    /// The partition of a status routing key's route (`status.<project>.<target>.<state>`), if it names one.
+    private func partition(routingKey: String) -> UInt8 {
+        let parts = routingKey.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 4, parts[1] != "_", parts[2] != "_" else { return 0 }
+        return UInt8(partitions.partition(of: RoutingTable.Route(project: String(parts[1]), target: String(parts[2]))) + 1)
+    }
 
     subscript(id: String) -> Entry? { state.withLock { $0.entries[id] } }
 
@@ -78,12 +110,13 @@ final class StatusLog: Sendable {
     /// The type of a waiting record in the log: the body of a copy just parked or delayed.
     static let waitingType = "frontdesk.sender.waiting.v1"
 
-    /// What is known of a dispatch, for the term's decisions.
-    func knowledge(_ id: String) -> DispatchKnowledge? {
+    /// What is known of a dispatch, for the decisions of term `term`.
+    func knowledge(_ id: String, term: UInt32) -> DispatchKnowledge? {
         state.withLock { s in
             guard let e = s.entries[id] else { return nil }
             return DispatchKnowledge(
-                lastSeq: Int(e.lastSeq), copySeq: Int(e.copySeq), ended: e.ended, accepted: e.accepted, waitingBody: s.waiting[id])
+                lastSeq: Int(e.lastSeq), copySeq: Int(e.copySeq), ended: e.ended(term: term), accepted: e.acceptedBy == term,
+                waitingBody: s.waiting[id])
         }
     }
 
@@ -91,19 +124,26 @@ final class StatusLog: Sendable {
     /// (noted by the leader as it publishes the copy, and read back from the
     /// log at takeover, where id and seq come from the record's properties:
     /// no JSON is parsed).
-    func noteWaiting(id: String, copySeq: Int, body: Data, expiresAt: UInt32?) {
+    func noteWaiting(id: String, copySeq: Int, body: Data, expiresAt: UInt32?, route: RoutingTable.Route?) {
         let seq = Int32(clamping: copySeq)
         let now = Self.now
-        // A record without its lifetime (written by an older sender) is read for it.
-        let expiry = expiresAt ?? (try? ParkedDispatch(jsonData: body)).flatMap { RFC3339.parse($0.record.expiresAt) }.map(Self.seconds)
+        // A record without its lifetime or route (written by an older sender) is read for them.
+        var expiry = expiresAt
+        var route = route
+        if expiry == nil || route == nil, let copy = try? ParkedDispatch(jsonData: body) {
+            expiry = expiry ?? RFC3339.parse(copy.record.expiresAt).map(Self.seconds)
+            route = route ?? RoutingTable.Route(project: copy.project.id, target: copy.target.id)
+        }
+        let partition = route.map { UInt8(partitions.partition(of: $0) + 1) } ?? 0
         state.withLock { s in
             var e = s.entries[id] ?? Entry()
             e.seenAt = now
-            guard !e.ended, seq >= e.copySeq else { return s.entries[id] = e }
+            guard !e.terminal, e.finishedBy == 0, seq >= e.copySeq else { return s.entries[id] = e }
             e.copySeq = seq
+            if partition != 0 { e.partitionPlusOne = partition }
             s.entries[id] = e
             s.waiting[id] = body
-            s.expiries[id] = expiry
+            s.expiries[id] = expiry.map { ($0, partition) }
         }
     }
 
@@ -114,12 +154,14 @@ final class StatusLog: Sendable {
         return t.isFinite ? UInt32(clamping: Int(max(0, min(t, Double(UInt32.max))))) : 0
     }
 
-    /// The waiting dispatches whose lifetime has ended by `now`, at most `limit`.
-    func dueWaiting(now: Date, limit: Int) -> [String] {
+    /// The waiting dispatches of partition `partition` whose lifetime has ended by `now`, at most `limit`.
+    func dueWaiting(now: Date, limit: Int, partition: Int = 0) -> [String] {
         let now = UInt32(clamping: Int(max(0, min(now.timeIntervalSince1970.rounded(.down), Double(UInt32.max)))))
+        let wanted = UInt8(clamping: partition + 1)
+        let single = partitions.count == 1
         return state.withLock { s in
             var due: [String] = []
-            for (id, at) in s.expiries where at <= now {
+            for (id, e) in s.expiries where e.at <= now && (single || e.partition == wanted) {
                 due.append(id)
                 if due.count >= limit { break }
             }
@@ -129,6 +171,8 @@ final class StatusLog: Sendable {
 
     /// The header on a waiting record that carries the dispatch's expiry (seconds since 1970).
     static let expiresAtHeader = "x-frontdesk-expires-at"
+    /// The header on a waiting record that carries the copy's route, `<project>.<target>`.
+    static let routeHeader = "x-frontdesk-route"
 
     /// When the reader last took a message (seconds since 1970): a wait for a
     /// marker gives up only once the reader stops making progress.
@@ -157,7 +201,11 @@ final class StatusLog: Sendable {
             else { return }
             var expiresAt: UInt32?
             if case .int64(let t)? = d.properties.headers?[Self.expiresAtHeader] { expiresAt = UInt32(clamping: t) }
-            noteWaiting(id: id, copySeq: seq, body: d.body, expiresAt: expiresAt)
+            var route: RoutingTable.Route?
+            if case .string(let r)? = d.properties.headers?[Self.routeHeader], let dot = r.firstIndex(of: ".") {
+                route = RoutingTable.Route(project: String(r[..<dot]), target: String(r[r.index(after: dot)...]))
+            }
+            noteWaiting(id: id, copySeq: seq, body: d.body, expiresAt: expiresAt, route: route)
             return
         }
         if d.properties.type == Self.markerType, d.routingKey == Self.stream, let marker = d.properties.messageID {
@@ -183,17 +231,19 @@ final class StatusLog: Sendable {
         else { return }
         let stateName = routingKey.split(separator: ".").last.map(String.init) ?? ""
         let terminal = ["replied", "failed", "cancelled"].contains(stateName)
+        let partition = partitions.count == 1 ? 1 : partition(routingKey: routingKey)
         update(id) { e in
             e.lastSeq = max(e.lastSeq, Int32(clamping: seq))
             e.terminal = e.terminal || terminal
+            if partition != 0 { e.partitionPlusOne = partition }
         }
         if terminal { state.withLock { s in s.stopWaiting(id) } }
     }
 
-    func markAccepted(_ id: String) { update(id) { $0.accepted = true } }
+    func markAccepted(_ id: String, term: UInt32) { update(id) { $0.acceptedBy = term } }
 
-    func markFinished(_ id: String) {
-        update(id) { $0.finished = true }
+    func markFinished(_ id: String, term: UInt32) {
+        update(id) { $0.finishedBy = term }
         state.withLock { s in s.stopWaiting(id) }
     }
 

@@ -14,6 +14,9 @@ public struct ParkedDispatch: Sendable, Codable, Equatable {
     public var retryAt: String?
 
     public static let type = "frontdesk.sender.parked.v1"
+
+    /// The route it waits for.
+    public var route: RoutingTable.Route { .init(project: project.id, target: target.id) }
 }
 
 extension DispatchMachine {

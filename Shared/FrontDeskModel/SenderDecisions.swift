@@ -150,7 +150,7 @@ public enum SenderDecisions {
         if let reason = pending.cancelReason(record.id) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }
-        if let route = pending.takeReroute(record.id), let p = parts(route) {
+        if let route = pending.takeReroute(record.id), route != machine.route, let p = parts(route) {
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
         }
         let takesNew = target(machine.route).takesNew
@@ -188,7 +188,7 @@ public enum SenderDecisions {
             // delivered (by a leader that died with it in flight): a reroute
             // then changes nothing.
             let deliveredSince = (known?.lastSeq ?? 0) > copy.lastSeq
-            if let to = pending.takeReroute(id), !deliveredSince, let p = parts(to) {
+            if let to = pending.takeReroute(id), to != machine.route, !deliveredSince, let p = parts(to) {
                 _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
                 let view = target(to)
                 return take(machine) { $0.received(now: now, targetOnline: view.online && view.parked == 0) }
@@ -200,8 +200,8 @@ public enum SenderDecisions {
     /// A waiting dispatch whose lifetime ended: acted on from the copy the
     /// log keeps while nothing was published since it was written (else it
     /// was taken up, and its own timers or its copy end it).
-    public static func expiry(known: DispatchKnowledge?, policy: RetryPolicy) -> CommandOutcome {
-        guard let known, !known.ended, let machine = endingMachine(known, policy: policy) else { return .ignore }
+    public static func expiry(known: DispatchKnowledge?, policy: RetryPolicy, owns: (RoutingTable.Route) -> Bool = { _ in true }) -> CommandOutcome {
+        guard let known, !known.ended, let machine = endingMachine(known, policy: policy), owns(machine.route) else { return .ignore }
         return .actOnCopy(machine)
     }
 
@@ -221,8 +221,14 @@ public enum SenderDecisions {
         return DispatchMachine(parked: copy, policy: policy, seqFloor: max(copy.lastSeq, known.lastSeq))
     }
 
-    /// A cancel or reroute.
-    public static func command(_ command: SenderCommand, known: DispatchKnowledge?, held: Bool, policy: RetryPolicy) -> CommandOutcome {
+    /// A cancel or reroute. With the sender split into partitions, every
+    /// partition gets every command: `owns` tells the routes of the one
+    /// deciding, and only the partition where the dispatch waits acts on its
+    /// copy; the others ignore it, or remember it while they know nothing of it.
+    public static func command(
+        _ command: SenderCommand, known: DispatchKnowledge?, held: Bool, policy: RetryPolicy,
+        owns: (RoutingTable.Route) -> Bool = { _ in true }
+    ) -> CommandOutcome {
         if known?.ended == true { return .ignore }
         if held { return .applyToHeld }
         // The copy the log keeps is used only while nothing was published
@@ -231,13 +237,17 @@ public enum SenderDecisions {
         if let known, known.lastSeq <= known.copySeq, let copy = known.waiting, copy.lastSeq == known.copySeq,
             let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
         {
+            guard owns(machine.route) else { return .ignore }
+            // A reroute to where it already waits changes nothing (every
+            // partition gets it, and the one it moved to may see it after the move).
+            if case .reroute(_, let to) = command, to == machine.route { return .ignore }
             return .actOnCopy(machine)
         }
         // Taken up since by a leader that died: a cancel still ends it at once
         // (the contract's 1 s holds in every state); a reroute changes nothing
         // once delivered, and waits for the copy, which tells.
         if case .cancel = command, let known, let machine = endingMachine(known, policy: policy) {
-            return .actOnCopy(machine)
+            return owns(machine.route) ? .actOnCopy(machine) : .ignore
         }
         return .remember
     }

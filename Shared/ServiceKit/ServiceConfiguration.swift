@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import FrontDeskModel
 
 /// The settings of CONTRACT.md's configuration table, shared by both services.
 public struct ServiceConfiguration: Sendable {
@@ -27,6 +28,8 @@ public struct ServiceConfiguration: Sendable {
     public var logLevel: LogLevel = .info
     /// The router's login: the sender takes hand-offs only from it (and itself).
     public var routerUser = "router"
+    /// How the sender's work is split by route; the router and every sender must agree.
+    public var senderPartitions = SenderPartitions.one
 
     /// This service's login on the broker: the `user_id` of its internal messages.
     public var login: String { amqp.url.user }
@@ -48,6 +51,9 @@ public struct ServiceConfiguration: Sendable {
             .init("FRONTDESK_HTTP_PORT", default: "\(defaultHTTPPort)", help: "port of /healthz, /readyz, /metrics; 0 turns it off"),
             .init("FRONTDESK_LOG_LEVEL", default: "info", help: "debug, info, warning or error"),
             .init("FRONTDESK_ROUTER_USER", default: "router", help: "the router's broker login; the sender takes hand-offs only from it"),
+            .init(
+                "FRONTDESK_SENDER_PARTITIONS", default: "1",
+                help: "the sender's work split by route into this many partitions (1-\(SenderPartitions.maxCount)); the same for the router and every sender"),
         ]
     }
 
@@ -99,5 +105,6 @@ public struct ServiceConfiguration: Sendable {
         }
         logLevel = parsed
         routerUser = values.string("FRONTDESK_ROUTER_USER", default: routerUser)
+        senderPartitions = SenderPartitions(count: try values.int("FRONTDESK_SENDER_PARTITIONS", default: 1, in: 1...SenderPartitions.maxCount))
     }
 }

@@ -18,6 +18,10 @@ public enum SharedTopology {
         try await channel.queueBind(statusLog, exchange: statusExchange, routingKey: "status.#")
     }
 
+    /// Hand-offs, cancels and reroutes from the router to the sender's
+    /// partition `k` (declared by both). Quorum.
+    public static func senderInbox(partition k: Int) -> String { "frontdesk.sender.inbox" + SenderPartitions.suffix(k) }
+
     /// A target's task queue (CONTRACT.md): online while it has a consumer.
     public static func agentQueue(_ r: RoutingTable.Route) -> String { "frontdesk.agent.\(r.project).\(r.target)" }
     /// Where the sender keeps a target's dispatches while it is offline.

@@ -1,0 +1,89 @@
+import Foundation
+
+/// The sender's work split by route into `count` partitions, each led by one
+/// sender replica at a time (FRONTDESK_SENDER_PARTITIONS, the same for the
+/// router and every sender). A route's partition is a fixed hash of its ids,
+/// so every replica and the router agree on it without asking anyone, and a
+/// target's dispatches, presence and park queue stay with one leader.
+public struct SenderPartitions: Sendable, Equatable {
+    /// The most partitions a deployment may have.
+    public static let maxCount = 64
+
+    public let count: Int
+
+    /// `count` is clamped to 1…`maxCount`.
+    public init(count: Int) {
+        self.count = min(max(count, 1), Self.maxCount)
+    }
+
+    public static let one = SenderPartitions(count: 1)
+
+    /// The partition of `route`: FNV-1a (64-bit) of "project/target", modulo the count.
+    public func partition(of route: RoutingTable.Route) -> Int {
+        guard count > 1 else { return 0 }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in route.project.utf8 + [UInt8(ascii: "/")] + route.target.utf8 {
+            hash ^= UInt64(byte)
+            hash &*= 0x0000_0100_0000_01b3
+        }
+        return Int(hash % UInt64(count))
+    }
+
+    /// The routes of `table` that partition `k` leads, in the table's order.
+    public func routes(_ k: Int, of table: RoutingTable) -> [RoutingTable.Route] {
+        table.routes.filter { partition(of: $0) == k }
+    }
+
+    /// All partitions.
+    public var all: Range<Int> { 0..<count }
+
+    /// What a name of partition `k` ends with: nothing for partition 0 (so
+    /// that one partition keeps the names of an unpartitioned sender), `.k` else.
+    public static func suffix(_ k: Int) -> String { k == 0 ? "" : ".\(k)" }
+}
+
+/// How the sender replicas share the partitions, decided by each replica on
+/// its own from what it sees: how many replicas there are (the consumers of
+/// a membership queue), which partitions it leads, and when it last changed.
+/// No replica leads more than its share for long, and no partition stays
+/// without a leader: a replica below its share tries a free partition at
+/// once; one at its share tries now and then, so a partition whose leader
+/// died is taken even when the replica count is off for a while.
+public struct PartitionBalance: Sendable, Equatable {
+    /// How long a replica waits after its last change before it gives one up.
+    public static let settle: TimeInterval = 3
+    /// After taking a partition beyond its share (a free one nobody else took),
+    /// a replica keeps its partitions this long: with a replica count that is
+    /// off (a member of a lost node still counted) giving it up again would
+    /// only pass it round.
+    public static let keepAfterOverTake: TimeInterval = 30
+    /// How often a replica at or above its share tries a partition it does not lead.
+    public static let overSharePoll: TimeInterval = 2
+
+    public let partitions: SenderPartitions
+
+    public init(partitions: SenderPartitions) {
+        self.partitions = partitions
+    }
+
+    /// The most partitions one of `replicas` replicas should lead: ⌈P / N⌉.
+    public func share(replicas: Int) -> Int {
+        let n = max(1, replicas)
+        return (partitions.count + n - 1) / n
+    }
+
+    /// Whether a replica leading `led` partitions may try to take another
+    /// now, `sinceLastTry` after its last try of it.
+    public func mayTry(led: Int, replicas: Int, sinceLastTry: TimeInterval) -> Bool {
+        led < share(replicas: replicas) || sinceLastTry >= Self.overSharePoll
+    }
+
+    /// The partition a replica should give up now, if any: the highest it
+    /// leads, when it leads more than its share, has not changed for
+    /// `settle`, and has not taken one beyond its share lately.
+    public func release(led: Set<Int>, replicas: Int, sinceLastChange: TimeInterval, sinceOverTake: TimeInterval) -> Int? {
+        guard led.count > share(replicas: replicas), sinceLastChange >= Self.settle, sinceOverTake >= Self.keepAfterOverTake
+        else { return nil }
+        return led.max()
+    }
+}

@@ -1,0 +1,145 @@
+import Foundation
+@testable import FrontDeskModel
+import Testing
+
+/// The sender's partitions: which partition a route is in, how replicas
+/// share them, and where a command acts when every partition gets it.
+@Suite("Sender partitions")
+struct SenderPartitionsTests {
+    let policy = RetryPolicy(baseMs: 1000, maxMs: 60_000, maxAttempts: 3, replyTimeoutSeconds: 600)
+    let board = RoutingTable.Route(project: "yemaya", target: "board-prep")
+    let legal = RoutingTable.Route(project: "acme", target: "legal")
+
+    @Test func aRoutesPartitionIsFixedInRangeAndSpreadsTheRoutes() {
+        let p = SenderPartitions(count: 4)
+        var seen = Set<Int>()
+        for i in 0..<200 {
+            let route = RoutingTable.Route(project: "p\(i % 7)", target: "t-\(i)")
+            let k = p.partition(of: route)
+            #expect((0..<4).contains(k))
+            #expect(SenderPartitions(count: 4).partition(of: route) == k)  // the router's and every sender's
+            seen.insert(k)
+        }
+        #expect(seen == [0, 1, 2, 3])
+        // FNV-1a of "yemaya/board-prep", by hand: the same on every machine and build.
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in "yemaya/board-prep".utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        #expect(p.partition(of: board) == Int(h % 4))
+        #expect(SenderPartitions.one.partition(of: board) == 0)
+        #expect(SenderPartitions(count: 0).count == 1 && SenderPartitions(count: 1000).count == SenderPartitions.maxCount)
+    }
+
+    @Test func partitionZeroKeepsTheNamesOfOneSender() {
+        #expect(SenderPartitions.suffix(0) == "" && SenderPartitions.suffix(3) == ".3")
+    }
+
+    @Test func theShareIsTheCeilingAndAReplicaAboveItGivesUpItsHighestAfterSettling() {
+        let b = PartitionBalance(partitions: SenderPartitions(count: 4))
+        #expect(b.share(replicas: 1) == 4 && b.share(replicas: 2) == 2 && b.share(replicas: 3) == 2 && b.share(replicas: 4) == 1)
+        #expect(b.share(replicas: 0) == 4 && b.share(replicas: 9) == 1)
+        let all: Set = [0, 1, 2, 3]
+        // Alone: keeps all four.
+        #expect(b.release(led: all, replicas: 1, sinceLastChange: 60, sinceOverTake: 600) == nil)
+        // A second replica came: gives one up, the highest, once settled.
+        #expect(b.release(led: all, replicas: 2, sinceLastChange: 1, sinceOverTake: 600) == nil)
+        #expect(b.release(led: all, replicas: 2, sinceLastChange: 3, sinceOverTake: 600) == 3)
+        #expect(b.release(led: [0, 1], replicas: 2, sinceLastChange: 60, sinceOverTake: 600) == nil)
+        // It took one beyond its share lately (nobody else did): it keeps it a while.
+        #expect(b.release(led: all, replicas: 2, sinceLastChange: 60, sinceOverTake: 5) == nil)
+    }
+
+    @Test func belowItsShareAReplicaTriesAtOnceAtItOnlyNowAndThen() {
+        let b = PartitionBalance(partitions: SenderPartitions(count: 4))
+        #expect(b.mayTry(led: 1, replicas: 2, sinceLastTry: 0))
+        #expect(!b.mayTry(led: 2, replicas: 2, sinceLastTry: 0.5))
+        #expect(b.mayTry(led: 2, replicas: 2, sinceLastTry: PartitionBalance.overSharePoll))
+    }
+
+    /// Four replicas, joining one by one, each deciding on its own: the
+    /// partitions end up one each, and none is ever without a leader for
+    /// longer than a try of a replica below its share.
+    @Test func replicasJoiningOneByOneEndUpWithOnePartitionEach() {
+        let b = PartitionBalance(partitions: SenderPartitions(count: 4))
+        var led: [Set<Int>] = [[0, 1, 2, 3]]
+        var lastChange: [Double] = [0]
+        var t = 0.0
+        for _ in 1...3 {
+            led.append([])
+            lastChange.append(t)
+            // A second of simulated time per step: releases, then takes by replicas below their share.
+            for _ in 0..<60 {
+                t += 1
+                let n = led.count
+                for r in led.indices {
+                    if let k = b.release(led: led[r], replicas: n, sinceLastChange: t - lastChange[r], sinceOverTake: 600) {
+                        led[r].remove(k)
+                        lastChange[r] = t
+                    }
+                }
+                let free = Set(0..<4).subtracting(led.reduce(into: Set<Int>()) { $0.formUnion($1) })
+                for k in free.sorted() {
+                    if let r = led.indices.first(where: { b.mayTry(led: led[$0].count, replicas: n, sinceLastTry: 0) }) {
+                        led[r].insert(k)
+                        lastChange[r] = t
+                    }
+                }
+                #expect(led.reduce(0) { $0 + $1.count } == 4)  // each partition led once
+            }
+        }
+        #expect(led.map(\.count) == [1, 1, 1, 1])
+    }
+
+    /// The dispatch waits at `route` (queued for an offline target).
+    func waiting(at route: RoutingTable.Route) -> DispatchKnowledge {
+        var m = DispatchMachine(record: routedRecord(), policy: policy)!
+        if route != m.route {
+            _ = m.rerouteRequested(
+                project: .init(id: route.project, name: route.project, glyph: "AC"), target: .init(id: route.target, name: route.target),
+                now: at(1), targetOnline: false)
+        } else {
+            _ = m.received(now: at(1), targetOnline: false)
+        }
+        let copy = m.parked
+        return DispatchKnowledge(lastSeq: copy.lastSeq, copySeq: copy.lastSeq, waiting: copy)
+    }
+
+    @Test func onlyThePartitionWhereTheDispatchWaitsActsOnACommand() {
+        let known = waiting(at: board)
+        let mine: (RoutingTable.Route) -> Bool = { $0 == self.board }
+        let notMine: (RoutingTable.Route) -> Bool = { $0 != self.board }
+        for command in [SenderCommand.cancel(id: "d-1", reason: "user"), .reroute(id: "d-1", route: legal)] {
+            if case .actOnCopy = SenderDecisions.command(command, known: known, held: false, policy: policy, owns: mine) {} else {
+                Issue.record("the owning partition must act on \(command)")
+            }
+            if case .ignore = SenderDecisions.command(command, known: known, held: false, policy: policy, owns: notMine) {} else {
+                Issue.record("another partition must ignore \(command)")
+            }
+            // Nothing known of it: every partition remembers it.
+            if case .remember = SenderDecisions.command(command, known: nil, held: false, policy: policy, owns: notMine) {} else {
+                Issue.record("an unknown dispatch's command must be remembered")
+            }
+        }
+        // Its expiry too.
+        if case .ignore = SenderDecisions.expiry(known: known, policy: policy, owns: notMine) {} else { Issue.record("expiry acted elsewhere") }
+        if case .actOnCopy = SenderDecisions.expiry(known: known, policy: policy, owns: mine) {} else { Issue.record("expiry not acted") }
+    }
+
+    @Test func aRerouteToWhereItAlreadyWaitsChangesNothing() {
+        // The partition it was moved to gets the same reroute (every partition does).
+        let known = waiting(at: legal)
+        if case .ignore = SenderDecisions.command(.reroute(id: "d-1", route: legal), known: known, held: false, policy: policy) {} else {
+            Issue.record("a reroute to the route it has must change nothing")
+        }
+        // Remembered, then its copy surfaces there: delivered as it is, not moved again.
+        var pending = PendingCommands()
+        pending.add(.reroute(id: "d-1", route: legal), at: at(2))
+        let outcome = SenderDecisions.surfaced(
+            known.waiting!, .parked, queueRoute: legal, deliveryCount: 0, known: known, held: false, pending: &pending,
+            target: { _ in TargetView(online: true) }, parts: { _ in nil }, policy: policy, now: at(3))
+        guard case .take(_, let actions) = outcome else {
+            Issue.record("not taken: \(outcome)")
+            return
+        }
+        #expect(actions.first?.deliveredAttempt == 1)
+    }
+}

@@ -1,0 +1,140 @@
+import AMQP
+import Foundation
+import FrontDeskModel
+import Testing
+
+extension BrokerIntegration {
+    /// The sender split into partitions by route (FRONTDESK_SENDER_PARTITIONS):
+    /// replicas share them, hand them over as replicas come and go, and a
+    /// dispatch moved to another partition by a reroute is still cancelled at once.
+    @Suite("Partitioned senders", .timeLimit(.minutes(3)))
+    struct PartitionTests {
+        static let partitions = ["FRONTDESK_SENDER_PARTITIONS": "4"]
+
+        /// How many partitions replica `p` says it leads.
+        func led(_ h: RouterHarness, _ p: Process) async throws -> Int {
+            let line = try await h.metrics(p).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_partitions_led ") }
+            return line.flatMap { Double($0.split(separator: " ").last ?? "") }.map { Int($0) } ?? -1
+        }
+
+        func waitUntilLed(_ h: RouterHarness, _ replicas: [Process], _ counts: [Int]) async throws {
+            try await h.waitUntil("the replicas lead \(counts) partitions", within: .seconds(40)) {
+                var got: [Int] = []
+                for p in replicas { got.append(try await led(h, p)) }
+                return got == counts
+            }
+        }
+
+        /// Dispatches to both routes (partitions 0 and 1 of 4) all the way
+        /// through: 1, 2 and 4 replicas joining, then one killed; each
+        /// dispatch replied exactly once, its seqs rising.
+        @Test func replicasShareThePartitionsAndNothingIsLostAsTheyComeAndGo() async throws {
+            try await withHarness("partitions-scale") { h in
+                #expect(SenderPartitions(count: 4).partition(of: .init(project: "yemaya", target: "board-prep")) == 0)
+                #expect(SenderPartitions(count: 4).partition(of: .init(project: "acme", target: "legal")) == 1)
+                try await h.startRouter(extraEnvironment: Self.partitions)
+                let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                var replicas = [try await h.startSender(extraEnvironment: Self.partitions)]
+                try await waitUntilLed(h, replicas, [4])
+
+                var ids: [String] = []
+                func send(_ n: Int) async throws {
+                    for _ in 0..<n {
+                        let id = "ps-\(ids.count)"
+                        ids.append(id)
+                        let hint = ids.count % 2 == 0 ? #""project":"yemaya","target":"board-prep""# : #""project":"acme","target":"legal""#
+                        try await h.publish("dispatch.request", #"{"id":"\#(id)","input":"the agm agenda",\#(hint)}"#)
+                    }
+                }
+                try await send(20)
+                replicas.append(try await h.startSender(extraEnvironment: Self.partitions))
+                try await send(20)
+                try await waitUntilLed(h, replicas, [2, 2])
+                try await send(20)
+                replicas.append(try await h.startSender(extraEnvironment: Self.partitions))
+                replicas.append(try await h.startSender(extraEnvironment: Self.partitions))
+                try await send(20)
+                try await waitUntilLed(h, replicas, [1, 1, 1, 1])
+                // The replica leading partition 0 (the replies' and board-prep's) killed in the middle of a run.
+                var killed: Process?
+                for p in replicas {
+                    let leadsBoard = try await h.metrics(p).contains("frontdesk_sender_agents{target=\"yemaya/board-prep\"} 1")
+                    if leadsBoard { killed = p }
+                }
+                let victim = try #require(killed, "no replica shows board-prep's agent")
+                try await send(10)
+                kill(victim.processIdentifier, SIGKILL)
+                replicas.removeAll { $0 === victim }
+                try await send(30)
+                try await h.waitUntil("the three replicas lead all four partitions") {
+                    var total = 0
+                    for p in replicas { total += try await led(h, p) }
+                    return total == 4
+                }
+
+                let events = try await h.events("all \(ids.count) dispatches ended", within: .seconds(60)) { events in
+                    let ended = Set(events.filter { RouterHarness.terminal.contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String })
+                    return ids.allSatisfy(ended.contains)
+                }
+                for id in ids {
+                    let mine = events.filter { $0["dispatchId"] as? String == id }
+                    let ends = mine.filter { RouterHarness.terminal.contains($0["state"] as? String ?? "") }
+                    #expect(ends.count == 1 && ends.first?["state"] as? String == "replied", "\(id): \(ends.map { $0["state"] ?? "" })")
+                    let seqs = mine.compactMap { $0["seq"] as? Int }
+                    #expect(seqs == seqs.sorted() && Set(seqs).count == seqs.count, "\(id): seqs \(seqs)")
+                }
+                await board.stop()
+                await legal.stop()
+            }
+        }
+
+        /// Two replicas, board-prep (partition 0) and legal (partition 1):
+        /// a reroute moves a waiting dispatch across partitions within 1 s,
+        /// a cancel then ends it within 1 s, and nothing of it reaches an agent.
+        @Test func aRerouteAcrossPartitionsAndACancelAfterItActAtOnce() async throws {
+            try await withHarness("partitions-reroute") { h in
+                try await h.startRouter(extraEnvironment: Self.partitions)
+                let a = try await h.startSender(extraEnvironment: Self.partitions)
+                let b = try await h.startSender(extraEnvironment: Self.partitions)
+                try await waitUntilLed(h, [a, b], [2, 2])
+                for round in 0..<3 {
+                    let id = "pr-\(round)"
+                    try await h.publish("dispatch.request", #"{"id":"\#(id)","input":"the agm agenda"}"#)
+                    _ = try await h.events(until: id, reaches: "queued")
+                    try await h.publish("dispatch.reroute", #"{"id":"\#(id)","project":"acme","target":"legal"}"#)
+                    let sent = ContinuousClock.now
+                    _ = try await h.events("\(id) queued at acme/legal", within: .seconds(5)) { events in
+                        events.contains { $0["dispatchId"] as? String == id && ($0["target"] as? [String: Any])?["id"] as? String == "legal" }
+                    }
+                    #expect(ContinuousClock.now - sent < .seconds(1))
+                    // The cancel right after the move (round 0), or a moment later.
+                    if round > 0 { try await Task.sleep(for: .milliseconds(300 * round)) }
+                    try await h.publish("dispatch.cancel", #"{"id":"\#(id)","reason":"user"}"#)
+                    let confirmed = ContinuousClock.now
+                    let after = try await h.events(until: id, reaches: "cancelled", within: .seconds(5))
+                    let at = try #require(h.arrival(of: id, "cancelled"))
+                    #expect(at - confirmed < .seconds(1), "\(id) cancelled \(at - confirmed) after the cancel")
+                    #expect(after.filter { $0["dispatchId"] as? String == id && RouterHarness.terminal.contains($0["state"] as? String ?? "") }.count == 1)
+                }
+                // A dispatch to legal replies through partition 0's pass-on; the cancelled copies reach no agent.
+                let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                try await h.publish("dispatch.request", #"{"id":"pr-live","input":"the contract","project":"acme","target":"legal"}"#)
+                let events = try await h.events(untilEnded: "pr-live")
+                #expect(events.last { $0["dispatchId"] as? String == "pr-live" }?["state"] as? String == "replied")
+                try await h.waitUntil("the park queues are empty") {
+                    let legalParked = try await h.messages("frontdesk.sender.park.acme.legal")
+                    let boardParked = try await h.messages("frontdesk.sender.park.yemaya.board-prep")
+                    return legalParked == 0 && boardParked == 0
+                }
+                #expect(await legal.tasks.all.compactMap(\.properties.correlationID) == ["pr-live"])
+                #expect(await board.tasks.all.isEmpty)
+                // Only the leader of partition 0 consumes the contract's reply queue.
+                #expect(try await h.consumers("frontdesk.replies") == 1)
+                await legal.stop()
+                await board.stop()
+            }
+        }
+    }
+}
