@@ -4,13 +4,17 @@ router, two sender replicas and the agents get every node's address in
 AMQP_URL. In the middle of a run of dispatches, kill -9 the node with the
 most of the services' connections, bring it back, then kill another; then
 kill the node that holds the sender's leadership lock and keep it down until
-a dispatch sent after that kill has replied (at most 40 s). Checks: every dispatch ends in exactly one terminal state, nothing is lost,
+a dispatch sent after that kill has replied (at most 40 s). With
+`--partitions 4 --senders 1,2,4` the sender's work is split by route and the
+run starts with one sender replica, adds a second at 30% of the run and two
+more at 55%, while the nodes are killed; at the end the replicas must lead
+every partition once. Checks: every dispatch ends in exactly one terminal state, nothing is lost,
 nothing follows the end, one state per seq. Events that arrive after a higher
 seq of their dispatch are counted and printed, not failed: when a node dies
 under the router's window, the router publishes its events again after the
 sender's (surfaces drop them, as the contract says).
 
-    python3 Tests/Cluster/cluster_test.py [--dispatches 900] [--rate 30]
+    python3 Tests/Cluster/cluster_test.py [--dispatches 900] [--rate 30] [--partitions 4 --senders 1,2,4]
 
 Starts the cluster if it does not run (and stops it after).
 """
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -33,6 +38,8 @@ import harness  # noqa: E402
 import pika  # noqa: E402
 
 TARGETS = [("yemaya", "board-prep"), ("acme", "ops")]
+# With four partitions: one target in each (partitions 0, 1, 2 and 3 of the example table).
+PARTITIONED_TARGETS = [("yemaya", "board-prep"), ("acme", "legal"), ("yemaya", "fundraising"), ("home", "family")]
 
 
 def cluster(*args):
@@ -85,8 +92,20 @@ def connections_by_node(vhost):
     return {}
 
 
+def partitions_led(service):
+    """How many partitions a sender replica says it leads (its metrics), or None."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/metrics", timeout=2) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("frontdesk_sender_partitions_led "):
+                    return int(float(line.split()[1]))
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def lock_node(vhost):
-    """The node holding the sender's leadership lock (frontdesk.sender.lock), or None."""
+    """The node holding the sender's leadership lock (frontdesk.sender.lock, partition 0's), or None."""
     for n in (1, 2, 3):
         out = subprocess.run(["bash", CLUSTER, "ctl", str(n), "list_queues", "-p", vhost, "name", "pid", "--silent"],
                              capture_output=True, text=True)
@@ -149,7 +168,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dispatches", type=int, default=900)
     parser.add_argument("--rate", type=float, default=30)
+    parser.add_argument("--partitions", type=int, default=1, help="FRONTDESK_SENDER_PARTITIONS")
+    parser.add_argument("--senders", default="2", help="sender replicas: N from the start, or 1,2,4 to grow during the run")
     args = parser.parse_args()
+    steps = [int(n) for n in args.senders.split(",")]
+    targets = PARTITIONED_TARGETS if args.partitions == 4 else TARGETS
     started = cluster("status").returncode != 0
     if started:
         result = cluster("start")
@@ -159,17 +182,17 @@ def main():
     logs = tempfile.mkdtemp(prefix="frontdesk-cluster-")
     vhost = harness.Vhost("cluster")
     env = {"FRONTDESK_RETRY_BASE_MS": "200", "FRONTDESK_RETRY_MAX_MS": "2000", "FRONTDESK_REPLY_TIMEOUT_S": "10",
-           "FRONTDESK_MAX_ATTEMPTS": "20"}
-    services = [harness.Service("frontdesk-router", vhost.url, 9501, logs, env)] + \
-               [harness.Service("frontdesk-sender", vhost.url, 9502 + i, logs, env) for i in range(2)]
+           "FRONTDESK_MAX_ATTEMPTS": "20", "FRONTDESK_SENDER_PARTITIONS": str(args.partitions)}
+    senders = [harness.Service("frontdesk-sender", vhost.url, 9502 + i, logs, env) for i in range(steps[-1])]
+    services = [harness.Service("frontdesk-router", vhost.url, 9501, logs, env)] + senders
     agents, failed = [], False
     try:
-        for s in services:
+        for s in services[:1 + steps[0]]:
             s.start()
         time.sleep(3)  # let the services declare the topology before the subscriber binds
         status = harness.StatusSubscriber(vhost.url)
         status.start()
-        agents = [Agent(vhost.url, t) for t in TARGETS]
+        agents = [Agent(vhost.url, t) for t in targets]
         for a in agents:
             a.start()
         ids = [f"cl-{i}" for i in range(args.dispatches)]
@@ -180,6 +203,8 @@ def main():
             target=chaos, args=(vhost.name, begin, kills, args.dispatches / args.rate * 0.2, 2, vhost.url, status, down_result),
             daemon=True)
         killer.start()
+        # More sender replicas during the run: at 30% and 55% of it.
+        growth = list(zip([0.30, 0.55], steps[1:]))
         publisher = harness.connect(vhost.url)
         channel = publisher.channel()
         channel.confirm_delivery()
@@ -187,7 +212,13 @@ def main():
             delay = begin + k / args.rate - time.time()
             if delay > 0:
                 time.sleep(delay)
-            target = TARGETS[k % len(TARGETS)]
+            if growth and k >= growth[0][0] * len(ids):
+                _, count = growth.pop(0)
+                for s in senders:
+                    if s.process is None and sum(1 for x in senders if x.process is not None) < count:
+                        s.start()
+                kills.append((f"senders now {count}", None, None, round(time.time() - begin, 1)))
+            target = targets[k % len(targets)]
             body = json.dumps({"id": dispatch_id, "input": f"cluster run {k}", "project": target[0], "target": target[1]}).encode()
             while True:  # the same id again after a failure: the router de-duplicates
                 try:
@@ -209,6 +240,19 @@ def main():
         late = []
         tallies, problems = harness.check_histories(status.snapshot(), ids, late=late)
         crashed = [s.executable for s in services if s.crashed()]
+        shared = True
+        if args.partitions > 1:
+            # Every partition led once by the replicas, evenly, once they have settled.
+            settle = time.time() + 30
+            led = []
+            while time.time() < settle:
+                led = [partitions_led(s) for s in senders]
+                if None not in led and sum(led) == args.partitions and max(led) - min(led) <= 1:
+                    break
+                time.sleep(0.5)
+            shared = None not in led and sum(led) == args.partitions and max(led) - min(led) <= 1
+            print(f"cluster: {args.partitions} partitions over {len(senders)} sender replicas, led {led}"
+                  + ("" if shared else " — NOT each partition once, evenly"))
         print(f"cluster: {len(ids)} dispatches at {args.rate}/s over 3 nodes; kills (which, node, its connections, at s): {kills}")
         print(f"cluster: {tallies}; problems: {len(problems)}; services that exited on their own: {crashed or 'none'}")
         print(f"cluster: events that arrived after a higher seq of their dispatch (surfaces drop them): {len(late)} "
@@ -217,7 +261,8 @@ def main():
             print("  " + p)
         print("cluster: with the lock's node kept down, a dispatch sent after the kill replied "
               + (f"{down_result[0]} s after the kill" if down_result else "NOT within 40 s"))
-        failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 6 or not down_result
+        failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 6 + len(steps) - 1 or not down_result \
+            or not shared
         print("cluster: " + ("FAIL" if failed else "passed — one terminal state each, none lost, no seq with two states"))
     finally:
         for a in agents:
