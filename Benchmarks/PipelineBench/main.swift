@@ -12,6 +12,10 @@
 //                  [--rates 500,1000]   (fixed offered rates instead of fractions)
 //                  [--pipeline-only]    (no C relay: for profiling the services)
 //                  [--stages]           (per round: where the time went, all vs the slowest 2%)
+//                  [--senders N --partitions P]  (N sender replicas sharing P partitions, one
+//                                       instant agent for a target of each of 4 partitions)
+//                  [--cluster]          (on the local 3-node cluster, scripts/cluster.sh:
+//                                       every node in AMQP_URL, the three nodes' CPU as the broker's)
 //   (run from the repository; needs the local broker and a release build)
 import AMQP
 import BenchmarkSupport
@@ -24,19 +28,46 @@ let fixedRates = argument("--rates", "").split(separator: ",").compactMap { Doub
 let pipelineOnly = CommandLine.arguments.contains("--pipeline-only")
 let reportStages = CommandLine.arguments.contains("--stages")
 let csvPath = argument("--csv", "")
+let senderCount = max(1, Int(argument("--senders", "1")) ?? 1)
+let partitionCount = max(1, Int(argument("--partitions", "1")) ?? 1)
+let onCluster = CommandLine.arguments.contains("--cluster")
+/// The targets dispatches go to: with partitions, one of each of the example table's first four partitions.
+let benchTargets = partitionCount > 1 ? ["yemaya/board-prep", "acme/legal", "yemaya/fundraising", "home/family"] : ["yemaya/board-prep"]
 let binDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-let base = try AMQPURL(parsing: ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
+let clusterPorts = [5691, 5692, 5693]
+let base = try AMQPURL(parsing: onCluster
+    ? "amqp://guest:guest@127.0.0.1:\(clusterPorts[0])/%2f"
+    : ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
+
+/// The services' AMQP_URL for `vhost`: on the cluster, every node.
+func servicesURL(_ vhost: String) -> String {
+    let ports = onCluster ? clusterPorts : [base.port]
+    return ports.map { "amqp://\(base.user):\(base.password)@\(base.host):\($0)/\(vhost)" }.joined(separator: ",")
+}
+
+/// rabbitmqctl against the local broker, or node 1 of the local cluster.
+func ctl(_ arguments: [String]) throws {
+    if !onCluster { return try brokerCtl(arguments) }
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/bin/bash")
+    p.arguments = ["scripts/cluster.sh", "ctl", "1"] + arguments
+    p.standardOutput = FileHandle.nullDevice
+    p.standardError = FileHandle.nullDevice
+    try p.run()
+    p.waitUntilExit()
+}
 let routes = "Shared/FrontDeskModel/Resources/routes.example.json"
 
 // MARK: - Processes
 
-func start(_ name: String, _ arguments: [String], vhost: String) throws -> Process {
+func start(_ name: String, _ arguments: [String], vhost: String, httpPort: Int = 0) throws -> Process {
     let p = Process()
     p.executableURL = binDirectory.appendingPathComponent(name)
     p.arguments = arguments
     var environment = ProcessInfo.processInfo.environment
-    environment["AMQP_URL"] = "amqp://\(base.user):\(base.password)@\(base.host):\(base.port)/\(vhost)"
-    environment["FRONTDESK_HTTP_PORT"] = "0"
+    environment["AMQP_URL"] = servicesURL(vhost)
+    environment["FRONTDESK_HTTP_PORT"] = "\(httpPort)"
+    environment["FRONTDESK_SENDER_PARTITIONS"] = "\(partitionCount)"
     environment["FRONTDESK_LOG_LEVEL"] = "error"
     environment["FRONTDESK_ROUTES"] = routes
     p.environment = environment
@@ -48,8 +79,8 @@ func start(_ name: String, _ arguments: [String], vhost: String) throws -> Proce
 
 func makeVhost(_ label: String) throws -> AMQPURL {
     let vhost = "frontdesk-pipeline-\(label)-\(UUID().uuidString.prefix(6).lowercased())"
-    try brokerCtl(["add_vhost", vhost])
-    try brokerCtl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
+    try ctl(["add_vhost", vhost])
+    try ctl(["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"])
     var url = base
     url.vhost = vhost
     return url
@@ -108,7 +139,15 @@ final class Observations: Sendable {
 }
 
 func requestBody(_ id: String) -> Data {
-    Data(#"{"id":"\#(id)","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","user":"u-42","threadId":"t-9"}"#.utf8)
+    guard benchTargets.count > 1 else {
+        return Data(#"{"id":"\#(id)","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","user":"u-42","threadId":"t-9"}"#.utf8)
+    }
+    // Round-robin over the targets, by the id's number.
+    let n = Int(id.split(separator: "-").last ?? "") ?? 0
+    let route = benchTargets[n % benchTargets.count].split(separator: "/")
+    return Data(
+        #"{"id":"\#(id)","input":"Reply to Lisa about the AGM agenda — short, confirm 14:00","user":"u-42","threadId":"t-9","project":"\#(route[0])","target":"\#(route[1])"}"#
+            .utf8)
 }
 
 /// Publishes `ids` at `rate` per second (nil: back to back, 256 a window) and
@@ -145,13 +184,15 @@ func offer(_ ids: [String], rate: Double?, on channel: AMQPChannel) async throws
 /// The local broker's process (scripts/broker.sh writes its pid file): its
 /// CPU per dispatch shows what each system costs the broker.
 let brokerDirectory = ProcessInfo.processInfo.environment["FRONTDESK_BROKER_DIR"] ?? "/var/tmp/frontdesk-broker"
-let brokerPID = (try? String(contentsOfFile: brokerDirectory + "/pid", encoding: .utf8))
-    .flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+let brokerPIDs = (onCluster
+    ? [1, 2, 3].map { "\(ProcessInfo.processInfo.environment["FRONTDESK_CLUSTER_DIR"] ?? "/var/tmp/frontdesk-cluster")/node\($0)/pid" }
+    : [brokerDirectory + "/pid"])
+    .compactMap { (try? String(contentsOfFile: $0, encoding: .utf8)).flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) } }
 
 func cpuSeconds(_ processes: [(String, Process)]) -> [String: Double] {
     var total: [String: Double] = [:]
     for (name, p) in processes { total[name, default: 0] += ProcStats.cpuSeconds(p.processIdentifier) ?? .nan }
-    if let brokerPID, let broker = ProcStats.cpuSeconds(brokerPID) { total["broker"] = broker }
+    for pid in brokerPIDs { if let broker = ProcStats.cpuSeconds(pid) { total["broker", default: 0] += broker } }
     // The producer and the status subscriber share the cores too.
     total["bench"] = ProcStats.cpuSeconds(getpid())
     return total
@@ -259,18 +300,51 @@ func runSystem(_ system: String, url: AMQPURL, processes: [(String, Process)], s
 
 let pURL = try makeVhost("p")
 let router = try start("frontdesk-router", [], vhost: pURL.vhost)
-let sender = try start("frontdesk-sender", [], vhost: pURL.vhost)
-let agentArguments = ["agent", "--target", "yemaya/board-prep", "--instant", "--amqp-url", "amqp://\(base.user):\(base.password)@\(base.host):\(base.port)/\(pURL.vhost)"]
+let senders = try (0..<senderCount).map { i in try start("frontdesk-sender", [], vhost: pURL.vhost, httpPort: 9650 + i) }
 try await Task.sleep(for: .milliseconds(1500))  // the sender has declared the agent queues
-let agents = try (0..<2).map { _ in try start("frontdesk", agentArguments, vhost: pURL.vhost) }
+// Two instant agents for one target, or one for each of the targets.
+let agentTargets = benchTargets.count == 1 ? benchTargets + benchTargets : benchTargets
+let agents = try agentTargets.map { target in
+    try start("frontdesk", ["agent", "--target", target, "--instant", "--amqp-url", servicesURL(pURL.vhost)], vhost: pURL.vhost)
+}
 try await Task.sleep(for: .seconds(1))  // the agents are seen online
+if partitionCount > 1 { try await waitUntilShared() }
 
-defer {
-    for p in [router, sender] + agents where p.isRunning { p.terminate() }
-    try? brokerCtl(["delete_vhost", pURL.vhost])
+/// Waits (at most a minute) until the replicas lead every partition once, evenly.
+func waitUntilShared() async throws {
+    let deadline = ContinuousClock.now + .seconds(60)
+    var led: [Int] = []
+    while ContinuousClock.now < deadline {
+        led = senders.indices.map { i in partitionsLed(port: 9650 + i) ?? -1 }
+        if led.reduce(0, +) == partitionCount, (led.max() ?? 0) - (led.min() ?? 0) <= 1 {
+            return FileHandle.standardError.write(Data("pipeline-bench: \(senderCount) senders lead \(led) of \(partitionCount) partitions\n".utf8))
+        }
+        try await Task.sleep(for: .milliseconds(250))
+    }
+    throw AMQPError(.timeout, "the senders did not share the partitions: \(led)")
 }
 
-let pipelineProcesses = [("router", router), ("sender", sender)] + agents.map { ("agents", $0) }
+func partitionsLed(port: Int) -> Int? {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+    p.arguments = ["-fs", "http://127.0.0.1:\(port)/metrics"]
+    let out = Pipe()
+    p.standardOutput = out
+    p.standardError = FileHandle.nullDevice
+    guard (try? p.run()) != nil else { return nil }
+    let data = out.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    return String(decoding: data, as: UTF8.self).split(separator: "\n")
+        .first { $0.hasPrefix("frontdesk_sender_partitions_led ") }
+        .flatMap { Double($0.split(separator: " ").last ?? "") }.map { Int($0) }
+}
+
+defer {
+    for p in [router] + senders + agents where p.isRunning { p.terminate() }
+    try? ctl(["delete_vhost", pURL.vhost])
+}
+
+let pipelineProcesses = [("router", router)] + senders.map { ("sender", $0) } + agents.map { ("agents", $0) }
 let pipeline = try await runSystem("pipeline", url: pURL, processes: pipelineProcesses)
 let pipelineMax = pipeline[0].throughput
 
@@ -299,13 +373,13 @@ if !pipelineOnly {
 
     ceiling = try await runSystem("c-relay", url: cURL, processes: [("c-relay", relay)], scale: pipelineMax)
     relay.terminate()
-    try? brokerCtl(["delete_vhost", cURL.vhost])
+    try? ctl(["delete_vhost", cURL.vhost])
 }
-let peakRSS = [("router", router), ("sender", sender)].map { ($0.0, ProcStats.peakRSSMiB($0.1.processIdentifier) ?? .nan) }
+let peakRSS = ([("router", router)] + senders.map { ("sender", $0) }).map { ($0.0, ProcStats.peakRSSMiB($0.1.processIdentifier) ?? .nan) }
 
 // MARK: - Report
 
-print("pipeline-bench: \(requests) dispatches a round; producer → router → sender → 2 instant agents → replied; every publish confirmed")
+print("pipeline-bench: \(requests) dispatches a round; producer → router → \(senderCount) sender(s), \(partitionCount) partition(s) → \(agents.count) instant agents → replied; every publish confirmed\(onCluster ? "; on the 3-node cluster" : "")")
 print("system    offered/s   replied/s   first p50   p99      replied p50  p99      p99.9    failed  busy  CPU-ms/dispatch")
 var csv = "system,offered,throughput,first_p50,first_p99,replied_p50,replied_p99,replied_p999,machine_busy\n"
 for r in pipeline + ceiling {

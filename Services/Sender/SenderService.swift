@@ -43,7 +43,12 @@ final class SenderService: Service {
         var replicas = 1
         var lastChange = Date()
         var lastOverTake = Date.distantPast
-        var lastTry: [Int: Date] = [:]
+        /// Partitions given up lately: not tried again before then (another replica's turn).
+        var holdUntil: [Int: Date] = [:]
+        /// Since when no other replica's heartbeat claims each partition.
+        var unclaimedSince: [Int: Date] = [:]
+        /// Slots trying for their partition now, and whether beyond the share.
+        var trying: [Int: Bool] = [:]
     }
 
     private let state = Mutex(State())
@@ -68,6 +73,9 @@ final class SenderService: Service {
         for c in connections { await c.close() }
     }
 
+    /// How long a replica counts heartbeats before it tries for partitions.
+    static let countSettle = Duration.seconds(2)
+
     /// How often a standby replica asks whether the leader is still there.
     static let standbyPoll = Duration.milliseconds(100)
     /// A term shorter than this counts as a failure for the back-off (a node
@@ -76,19 +84,44 @@ final class SenderService: Service {
 
     func run() async throws {
         if partitions.count == 1 { return await runSlot(0, shared: nil) }
+        // One log for the replica's lifetime, read by one reader at a time
+        // (a new one after the control connection is lost), shared by the slots.
+        let shared = SharedStatusLog(StatusLog(writer: configuration.login, partitions: partitions))
+        await withTaskGroup(of: Void.self) { group in
+            for k in partitions.all {
+                group.addTask { await self.runSlot(k, shared: shared) }
+            }
+            group.addTask { await self.control(shared) }
+        }
+    }
+
+    /// This replica's id in its heartbeats.
+    private let replicaID = UUID().uuidString.lowercased()
+    /// How often a replica writes its heartbeat; the others count it, and
+    /// take its partitions as claimed, while one is at most `heartbeatWindow` old.
+    static let heartbeatInterval = Duration.milliseconds(250)
+    static let heartbeatWindow: Double = 0.75
+
+    /// With several partitions: the replica's control connection, for as
+    /// long as the service runs: the topology, the status log reader (the
+    /// slots try for partitions only once it has read the log to its end),
+    /// a heartbeat a second in the log, and from the heartbeats read, the
+    /// replica count that decides each replica's share.
+    private func control(_ shared: SharedStatusLog) async {
         let backoff = Backoff(baseMs: 200, maxMs: 5000)
         var failures = 0
         let nodes = configuration.amqp.nodes.shuffled()
         var next = 0
         while !stopping {
             do {
-                try await session(configuration.amqp.to(nodes[next % nodes.count]))
+                try await controlSession(configuration.amqp.to(nodes[next % nodes.count]), shared)
                 failures = 0
             } catch {
                 failures += 1
-                if !stopping { logger.warning("sender session ended; reconnecting", [("error", .string("\(error)"))]) }
+                if !stopping { logger.warning("sender control connection ended; reconnecting", [("error", .string("\(error)"))]) }
             }
             next += 1
+            await shared.set(nil)
             state.withLock { s in
                 s.connections[Self.control] = nil
                 s.ready = false
@@ -99,9 +132,72 @@ final class SenderService: Service {
         }
     }
 
+    private func controlSession(_ amqp: AMQPConnectionConfiguration, _ shared: SharedStatusLog) async throws {
+        let connection = try await AMQPConnection.connect(amqp)
+        let proceed = state.withLock { s -> Bool in
+            s.connections[Self.control] = connection
+            return !s.stopping
+        }
+        defer { Task { await connection.close() } }
+        guard proceed else { return }
+        try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table, partitions: partitions) }
+        let probes = try await connection.openChannel()
+        try await probes.confirmSelect()
+        let reader = try await StatusLogReader.start(
+            connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds, into: shared.log)
+        try await heartbeat(probes)
+        try await reader.probe(publisher: probes)  // read to the log's end: warm
+        noteHeartbeats(shared.log)
+        await shared.set(reader)
+        state.withLock { $0.ready = true }
+        logger.info("connected; sharing the partitions", [("broker", .string("\(amqp.url)")), ("partitions", .int(partitions.count))])
+        var lastProbe = ContinuousClock.now
+        while !stopping {
+            try await Task.sleep(for: Self.heartbeatInterval)
+            guard connection.isOpen, !reader.hasEnded else {
+                throw AMQPError(.consumerCancelled, "the control connection or its status log reader ended")
+            }
+            try await heartbeat(probes)
+            if ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
+                try await reader.probe(publisher: probes)
+                lastProbe = .now
+            }
+            if await rebalance(replicas: noteHeartbeats(shared.log)) {
+                try await heartbeat(probes)  // at once: the others see the partition free
+            }
+        }
+        await reader.stop()
+    }
+
+    private func heartbeat(_ channel: AMQPChannel) async throws {
+        let led = state.withLock { $0.led.sorted().map(String.init).joined(separator: ",") }
+        var properties = AMQPProperties(messageID: replicaID, type: StatusLog.heartbeatType)
+        properties.headers = [StatusLog.ledHeader: .string(led)]
+        try await channel.publish(OutboundMessage(
+            exchange: "", routingKey: SenderTopology.statusLog, body: Data(), properties: properties.stamped(by: configuration.login)))
+    }
+
+    /// The replica count and the other replicas' partitions, from the heartbeats read.
+    @discardableResult
+    private func noteHeartbeats(_ log: StatusLog) -> Int {
+        let (count, claimed) = log.replicas(within: Self.heartbeatWindow, me: replicaID)
+        let now = Date()
+        state.withLock { s in
+            s.replicas = max(1, count)
+            for k in partitions.all {
+                if claimed.contains(k) {
+                    s.unclaimedSince[k] = nil
+                } else if s.unclaimedSince[k] == nil {
+                    s.unclaimedSince[k] = now
+                }
+            }
+        }
+        return max(1, count)
+    }
+
     /// The terms of partition `k`, one after another, until the service
     /// stops (or, with several partitions, its session ends).
-    private func runSlot(_ k: Int, shared: StatusLogReader?) async {
+    private func runSlot(_ k: Int, shared: SharedStatusLog?) async {
         let backoff = Backoff(baseMs: 200, maxMs: 5000)
         var failures = 0
         // Every node of AMQP_URL, in a shuffled order: after a failure or a lost
@@ -135,80 +231,28 @@ final class SenderService: Service {
         }
     }
 
-    /// With several partitions: the replica's control connection — the
-    /// topology, its membership, the shared status log reader — and a slot
-    /// per partition, until that connection fails (its terms end with it).
-    private func session(_ amqp: AMQPConnectionConfiguration) async throws {
-        let connection = try await AMQPConnection.connect(amqp)
-        let proceed = state.withLock { s -> Bool in
-            s.connections[Self.control] = connection
-            return !s.stopping
-        }
-        defer { Task { await connection.close() } }
-        guard proceed else { return }
-        try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table, partitions: partitions) }
-        let control = try await connection.openChannel()
-        try await control.queueDeclare(SenderTopology.members, durable: false, exclusive: false, autoDelete: true)
-        let membership = try await control.consume(queue: SenderTopology.members)
-        let memberGone = StatusLogReader.Flag()
-        let watch = Task {
-            // Nothing is published here but by mistake or malice: acked, so
-            // that no unacked message trips the consumer timeout.
-            do { for try await d in membership { try? d.ack() } } catch {}
-            memberGone.value.store(true, ordering: .releasing)
-        }
-        defer { watch.cancel() }
-        let reader = try await StatusLogReader.start(
-            connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds, partitions: partitions)
-        let probes = try await connection.openChannel()
-        try await probes.confirmSelect()
-        state.withLock { $0.ready = true }
-        logger.info("connected; sharing the partitions", [("broker", .string("\(amqp.url)")), ("partitions", .int(partitions.count))])
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for k in partitions.all {
-                group.addTask { await self.runSlot(k, shared: reader) }
-            }
-            group.addTask {
-                var lastProbe = ContinuousClock.now
-                while !self.stopping {
-                    try await Task.sleep(for: .seconds(1))
-                    guard connection.isOpen, !reader.hasEnded, !memberGone.value.load(ordering: .acquiring) else {
-                        throw AMQPError(.consumerCancelled, "the control connection, its membership or its status log reader ended")
-                    }
-                    let replicas = Int(try await control.queueDeclare(SenderTopology.members, passive: true).consumerCount)
-                    if ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
-                        try await reader.probe(publisher: probes)
-                        lastProbe = .now
-                    }
-                    await self.rebalance(replicas: replicas)
-                }
-            }
-            // The first to end (the control loop failing, or a slot as the service stops) ends them all.
-            _ = try await group.next()
-            group.cancelAll()
-        }
-        await reader.stop()
-    }
-
-    /// Gives up a partition when this replica leads more than its share.
-    private func rebalance(replicas: Int) async {
+    /// Gives up partitions while this replica leads more than its share; true if it gave any up.
+    private func rebalance(replicas: Int) async -> Bool {
         let now = Date()
-        let release = state.withLock { s -> (Int, AMQPConnection?)? in
-            s.replicas = max(1, replicas)
-            guard let k = balance.release(
+        let release = state.withLock { s -> [(Int, AMQPConnection?)] in
+            let give = balance.release(
                 led: s.led, replicas: s.replicas, sinceLastChange: now.timeIntervalSince(s.lastChange),
                 sinceOverTake: now.timeIntervalSince(s.lastOverTake))
-            else { return nil }
-            s.lastTry[k] = now
-            s.lastChange = now
-            return (k, s.connections[k])
+            for k in give { s.holdUntil[k] = now.addingTimeInterval(Self.releaseHold) }
+            if !give.isEmpty { s.lastChange = now }
+            return give.map { ($0, s.connections[$0]) }
         }
-        guard let (k, connection) = release else { return }
-        logger.info("giving up a partition to another replica", [("partition", .int(k)), ("replicas", .int(replicas))])
-        await connection?.close()
+        for (k, connection) in release {
+            logger.info("giving up a partition to another replica", [("partition", .int(k)), ("replicas", .int(replicas))])
+            await connection?.close()
+        }
+        return !release.isEmpty
     }
 
-    private func term(_ amqp: AMQPConnectionConfiguration, partition k: Int, shared: StatusLogReader?) async throws {
+    /// A partition given up is not tried again by its replica for this long.
+    static let releaseHold: TimeInterval = 3
+
+    private func term(_ amqp: AMQPConnectionConfiguration, partition k: Int, shared: SharedStatusLog?) async throws {
         let connection = try await AMQPConnection.connect(amqp)
         let proceed = state.withLock { s -> Bool in
             s.connections[k] = connection
@@ -223,7 +267,7 @@ final class SenderService: Service {
         }
     }
 
-    private func lead(_ connection: AMQPConnection, _ amqp: AMQPConnectionConfiguration, partition k: Int, shared: StatusLogReader?) async throws {
+    private func lead(_ connection: AMQPConnection, _ amqp: AMQPConnectionConfiguration, partition k: Int, shared: SharedStatusLog?) async throws {
         if shared == nil {
             try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table, partitions: partitions) }
             state.withLock { $0.ready = true }
@@ -233,10 +277,8 @@ final class SenderService: Service {
         // start while this replica waits, so that taking over reads only its
         // tail (with a long log, reading it all at takeover took seconds).
         // With several partitions the replica's one reader serves every slot.
-        let logReader: StatusLogReader
-        if let shared {
-            logReader = shared
-        } else {
+        var logReader: StatusLogReader?
+        if shared == nil {
             logReader = try await StatusLogReader.start(connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds)
         }
         // A standby also makes sure its reader still reads (on 3.10 a stream
@@ -256,17 +298,28 @@ final class SenderService: Service {
         var leadership: AMQPConsumer?
         while leadership == nil {
             if stopping || !connection.isOpen || Task.isCancelled { return }
-            if shared == nil, ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
+            if shared == nil, let logReader, ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
                 try await logReader.probe(publisher: probes)
                 lastProbe = .now
             }
-            if shared != nil {
-                // Another partition only while below this replica's share, or now and then.
+            if let shared {
+                // Only with the replica's reader at the log's end and the
+                // replicas counted; then another partition only while below
+                // this replica's share, or now and then.
+                guard let ready = await shared.readyReader(settle: Self.countSettle) else {
+                    try await Task.sleep(for: Self.standbyPoll)
+                    continue
+                }
+                logReader = ready
+                // A slot's try counts as a partition led while it lasts: the
+                // slots of one replica try at the same moment.
                 let now = Date()
                 let may = state.withLock { s -> Bool in
-                    guard balance.mayTry(led: s.led.count, replicas: s.replicas, sinceLastTry: now.timeIntervalSince(s.lastTry[k] ?? .distantPast))
+                    let busy = s.led.count + s.trying.count
+                    guard s.holdUntil[k].map({ now >= $0 }) ?? true,
+                        balance.mayTry(led: busy, replicas: s.replicas, unclaimedFor: s.unclaimedSince[k].map { now.timeIntervalSince($0) })
                     else { return false }
-                    s.lastTry[k] = now
+                    s.trying[k] = busy >= balance.share(replicas: s.replicas)
                     return true
                 }
                 if !may {
@@ -276,6 +329,7 @@ final class SenderService: Service {
             }
             let channel = try await connection.openChannel()
             do {
+                defer { if shared != nil, leadership == nil { _ = state.withLock { $0.trying.removeValue(forKey: k) } } }
                 try await channel.queueDeclare(SenderTopology.lock(k), durable: false, exclusive: true, autoDelete: false)
                 leadership = try await channel.consume(queue: SenderTopology.lock(k), exclusive: true)
             } catch let error as AMQPError where error.replyCode == 405 {
@@ -308,6 +362,7 @@ final class SenderService: Service {
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
         state.withLock { $0.blocked = false }  // its marker was published and confirmed
+        guard let logReader else { return }
         let statusLog = try await logReader.finish(publisher: publisher, grace: takeoverGrace, keepReading: shared != nil)
         let term = SenderTerm(
             connection: connection, publisher: publisher, table: table, partition: k, partitions: partitions,
@@ -328,7 +383,8 @@ final class SenderService: Service {
         let now = Date()
         let count = state.withLock { s -> Int in
             if leading {
-                if s.led.count >= balance.share(replicas: s.replicas) { s.lastOverTake = now }
+                // Taken beyond the share (a free partition nobody else took): kept a while.
+                if s.trying.removeValue(forKey: k) == true { s.lastOverTake = now }
                 s.led.insert(k)
             } else {
                 s.led.remove(k)
@@ -418,10 +474,11 @@ final class StatusLogReader: Sendable {
         self.ended = ended
     }
 
+    /// Reads the status log into `log` (a new one by default) from the lifetime window's start.
     static func start(
-        _ connection: AMQPConnection, login: String, lifetimeSeconds: Int, partitions: SenderPartitions = .one
+        _ connection: AMQPConnection, login: String, lifetimeSeconds: Int, into existing: StatusLog? = nil
     ) async throws -> StatusLogReader {
-        let log = StatusLog(writer: login, partitions: partitions)
+        let log = existing ?? StatusLog(writer: login)
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: 2000)
         let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(UInt64(clamping: lifetimeSeconds) &+ 60)
@@ -454,6 +511,7 @@ final class StatusLogReader: Sendable {
         }
         let marker = "marker-\(UUID().uuidString)"
         let log = log
+        log.expect(marker: marker)
         try await publisher.publish(OutboundMessage(
             exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
             properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: login)))
@@ -500,4 +558,27 @@ final class StatusLogReader: Sendable {
 
     /// The reader stopped (its consumer or channel ended).
     var hasEnded: Bool { ended.value.load(ordering: .acquiring) }
+}
+
+/// With several partitions: the replica's status log, and the reader that
+/// keeps it (none while the control connection is down).
+actor SharedStatusLog {
+    nonisolated let log: StatusLog
+    private var reader: StatusLogReader?
+    private var since: ContinuousClock.Instant?
+
+    init(_ log: StatusLog) { self.log = log }
+
+    func set(_ reader: StatusLogReader?) {
+        self.reader = reader
+        since = reader == nil ? nil : .now
+    }
+
+    /// The reader, once it has read the log to its end and the replicas'
+    /// heartbeats for `settle` (a replica that has just started must not take
+    /// every partition before it has counted the others).
+    func readyReader(settle: Duration) -> StatusLogReader? {
+        guard let reader, let since, ContinuousClock.now - since >= settle, !reader.hasEnded else { return nil }
+        return reader
+    }
 }

@@ -124,7 +124,7 @@ extension SenderTerm {
         let id = copy.record.id
         let expiresAt = RFC3339.parse(copy.record.expiresAt).map(StatusLog.seconds)
         let route = RoutingTable.Route(project: copy.project.id, target: copy.target.id)
-        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body, expiresAt: expiresAt, route: route)
+        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body, expiresAt: expiresAt, route: route, term: term)
         var properties = AMQPProperties.persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType)
         var headers: FieldTable = [StatusLog.routeHeader: .string("\(route.project).\(route.target)")]
         if let expiresAt { headers[StatusLog.expiresAtHeader] = .int64(Int64(expiresAt)) }
@@ -137,6 +137,12 @@ extension AMQPProperties {
     func with(replyTo: String) -> AMQPProperties {
         var p = self
         p.replyTo = replyTo
+        return p
+    }
+
+    func with(headers: FieldTable) -> AMQPProperties {
+        var p = self
+        p.headers = headers
         return p
     }
 }

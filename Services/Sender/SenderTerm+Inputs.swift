@@ -29,6 +29,10 @@ extension SenderTerm {
             try await surfaced(d, .expired, window: .none, now: now)
         case .retryDue(let d):
             guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.retry(partition), copyWriters) }
+            // Another partition's (delayed before the partition count changed): passed on.
+            if partitions.count > 1, let copy = try? ParkedDispatch(jsonData: d.body), !owns(copy.route) {
+                return passOn(d, to: SenderTopology.retry(partitions.partition(of: copy.route)), id: copy.record.id, type: ParkedDispatch.type)
+            }
             try await surfaced(d, .retryDue, window: .retry, now: now)
         case .reply(let d):
             // Another partition's replies were passed on by partition 0's leader.
@@ -36,6 +40,16 @@ extension SenderTerm {
             switch AgentReply.classify(type: d.properties.type, body: d.body) {
             case .success(let reply) where passesOn && held[reply.dispatchId] == nil:
                 return placeReply(d, reply.dispatchId, now: now)
+            case .success(let reply)
+            where partition != 0 && held[reply.dispatchId] == nil && d.properties.headers?[Self.hopsHeader] == nil:
+                // Passed on by partition 0 from a log a moment behind (the
+                // dispatch moved on, here or from here): once more, to the
+                // partition this replica's log names.
+                if let k = statusLog.partition(of: reply.dispatchId), k != partition {
+                    var copy = passedOn(d, to: SenderTopology.replies(k), id: reply.dispatchId, type: Self.passedOnReplyType)
+                    copy.properties.headers = [Self.hopsHeader: .int64(1)]
+                    pendingMessages.append(copy)
+                }
             case .success(let reply):
                 // A reply for a dispatch this term does not hold (finished, or
                 // a late copy) is ignored: replies may come more than once.
@@ -68,6 +82,8 @@ extension SenderTerm {
             if !recentCommands.isEmpty { try await lookAgainAtRecentCommands(now: now) }
         case .presence(let snapshot):
             try await presenceChanged(snapshot, now: now)
+        case .markerRead(let marker, let read):
+            placeHeldReplies(now: now, markerRead: (marker, read))
         }
     }
 
@@ -106,10 +122,18 @@ extension SenderTerm {
             logger.warning("unreadable hand-off dropped", [("message_id", .string(d.properties.messageID ?? ""))])
             return try d.ack()
         }
+        // Another partition's (sent by a router with another partition count,
+        // or before the count changed): passed on to its inbox.
+        if partitions.count > 1, let project = record.project?.id, let target = record.target?.id {
+            let route = RoutingTable.Route(project: project, target: target)
+            if !owns(route) {
+                return passOn(d, to: SenderTopology.inbox(partitions.partition(of: route)), id: record.id, type: DispatchRecord.handoffType)
+            }
+        }
         let outcome = SenderDecisions.handOff(
             record, redelivered: d.redelivered, deliveryCount: deliveryCount(d), known: statusLog.knowledge(record.id, term: term),
             held: held[record.id] != nil, pending: &pendingCommands, target: targets(.inbox), parts: table.eventParts,
-            policy: policy, now: now)
+            policy: policy, now: now, sameRouteIsNoOp: partitions.count > 1)
         if case .take = outcome {
             statusLog.markAccepted(record.id, term: term)
             metrics.dispatches.increment("received")
@@ -125,7 +149,8 @@ extension SenderTerm {
         let id = copy.record.id
         let outcome = SenderDecisions.surfaced(
             copy, wait, queueRoute: queueRoute, deliveryCount: deliveryCount(d), known: statusLog.knowledge(id, term: term), held: held[id] != nil,
-            pending: &pendingCommands, target: targets(window), parts: table.eventParts, policy: policy, now: now)
+            pending: &pendingCommands, target: targets(window), parts: table.eventParts, policy: policy, now: now,
+            sameRouteIsNoOp: partitions.count > 1)
         try await carryOut(outcome, d, id: id, window: window)
     }
 
@@ -173,19 +198,43 @@ extension SenderTerm {
             return try d.ack()
         }
         defer { pendingAcks.append(d) }
-        try await apply(command, now: now)
+        // Passed on by another partition (once at most): see `apply`.
+        let passedOn = d.properties.headers?[Self.hopsHeader] != nil && copyWriters.wrote(d)
+        try await apply(command, now: now, passedOn: passedOn)
     }
 
-    /// Carries out a command where the decisions say it acts; `lookingAgain`:
+    /// The header on a command one partition passed on to another.
+    static let hopsHeader = "x-frontdesk-hops"
+
+    /// Carries out a command where the decisions say it acts. `passedOn`: it
+    /// came from another partition, which saw the dispatch here. `lookingAgain`:
     /// one remembered a moment ago, not remembered a second time.
-    func apply(_ command: SenderCommand, now: Date, lookingAgain: Bool = false) async throws {
+    func apply(_ command: SenderCommand, now: Date, passedOn: Bool = false, lookingAgain: Bool = false) async throws {
         let id = command.id
-        switch SenderDecisions.command(command, known: statusLog.knowledge(id, term: term), held: held[id] != nil, policy: policy, owns: owns) {
+        let outcome = SenderDecisions.command(
+            command, known: statusLog.knowledge(id, term: term), held: held[id] != nil, policy: policy,
+            partition: partition, partitionOf: partitions.partition(of:), sameRouteIsNoOp: partitions.count > 1)
+        switch outcome {
         case .ignore: return
-        case .remember:
+        case .elsewhere(let k) where !passedOn && !lookingAgain:
+            // It waits in (or was last seen by) partition k: that partition has
+            // the command too, but may have taken it before the dispatch moved
+            // there. Passed on once, with what it caused confirmed first.
+            metrics.commands.increment("passed_on")
+            pendingMessages.append(OutboundMessage(
+                exchange: "", routingKey: SenderTopology.inbox(k), body: command.jsonData(),
+                properties: .persistentJSON(messageID: "\(id)/\(command.type)", correlationID: id, type: command.type)
+                    .with(headers: [Self.hopsHeader: .int64(1)]).stamped(by: login),
+                mandatory: true))
+            return
+        case .remember, .elsewhere:
             if lookingAgain { return }
+            // Looked at again each tick for a while: a dispatch moved here by
+            // another partition shows in the log a moment after the move.
             // (At most `maxRecentCommands`: a flood of commands for unknown ids costs no more each tick.)
-            if partitions.count > 1, recentCommands.count < Self.maxRecentCommands { recentCommands.append((command, now)) }
+            if partitions.count > 1, recentCommands.count < Self.maxRecentCommands {
+                recentCommands.append((command, now, passedOn))
+            }
             return remember(command, persist: true)
         case .actOnCopy(let machine):
             // Held from here on without a lease of its own.
@@ -202,7 +251,7 @@ extension SenderTerm {
             // Parked at the new target even when it is online: its park
             // consumer takes it at once, and no task leaves before the new
             // copy is in the broker. (A reroute to where it is changes nothing.)
-            if route != h.machine.route, let parts = table.eventParts(route),
+            if !(partitions.count > 1 && route == h.machine.route), let parts = table.eventParts(route),
                 case .moved(let moved) = h.machine.rerouteRequested(project: parts.project, target: parts.target, now: now, targetOnline: false)
             {
                 actions = moved
@@ -242,9 +291,6 @@ extension SenderTerm {
 /// dead-letters to one queue), and passes on the other partitions' — with
 /// properties of its own, acked once the broker has confirmed the copy.
 extension SenderTerm {
-    /// How long a reply waits for its dispatch's partition to show in the
-    /// log before it goes to every partition (the one holding it acts).
-    static let replyPlacementWait: TimeInterval = 0.25
     /// The type of a reply passed on to another partition.
     static let passedOnReplyType = "frontdesk.sender.reply.v1"
 
@@ -262,8 +308,9 @@ extension SenderTerm {
     }
 
     /// A reply for a dispatch this term does not hold: to its partition as
-    /// the log knows it, else held back a moment (behind any held before it:
-    /// one dispatch's replies keep their order).
+    /// the log knows it, else held back (behind any held before it: one
+    /// dispatch's replies keep their order) until the log has been read past
+    /// a marker published after it came (see `placeHeldReplies`).
     func placeReply(_ d: AMQPDelivery, _ id: String, now: Date) {
         if heldReplies[id] != nil { return heldReplies[id]!.deliveries.append(d) }
         switch statusLog.partition(of: id) {
@@ -276,18 +323,30 @@ extension SenderTerm {
         }
     }
 
-    /// Held replies whose partition is known now go there; those held for
-    /// `replyPlacementWait` go to every other partition (and are ignored here).
-    func placeHeldReplies(now: Date) {
+    /// Held replies whose partition the log knows now go there. The others
+    /// wait for a marker: once the log has been read past one published after
+    /// a reply came, its dispatch's events (published before its task left,
+    /// so before the reply) have been read too, and a dispatch still unknown
+    /// is none of the sender's (a late reply past the window, or an agent's
+    /// invention): acked and ignored, as with one partition. If the marker
+    /// does not come back (the reader stopped or lags by `replyMarkerTimeout`),
+    /// they go to every partition instead: the one that holds it acts.
+    func placeHeldReplies(now: Date, markerRead: (marker: String, read: Bool)? = nil) {
+        var resolvedBefore: Date?
+        if let markerRead, let pending = replyMarker, pending.marker == markerRead.marker {
+            resolvedBefore = pending.publishedAt
+            replyMarker = nil
+        }
         for (id, entry) in heldReplies {
             let known = statusLog.partition(of: id)
-            guard known != nil || now.timeIntervalSince(entry.since) >= Self.replyPlacementWait else { continue }
+            let settled = resolvedBefore.map { entry.since < $0 } ?? false
+            guard known != nil || settled else { continue }
             heldReplies[id] = nil
             for d in entry.deliveries {
-                if let k = known, k == partition {
-                    pendingAcks.append(d)
-                } else if let k = known {
+                if let k = known, k != partition {
                     passOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType)
+                } else if known != nil || markerRead?.read == true {
+                    pendingAcks.append(d)  // this partition's and not held, or no dispatch of ours
                 } else {
                     for k in partitions.all where k != partition {
                         pendingMessages.append(passedOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType))
@@ -296,23 +355,51 @@ extension SenderTerm {
                 }
             }
         }
+        guard !heldReplies.isEmpty else { return }
+        if let pending = replyMarker {
+            if now.timeIntervalSince(pending.publishedAt) > Self.replyMarkerTimeout { statusLog.giveUp(marker: pending.marker) }
+            return
+        }
+        // A marker for the replies held so far, published with this batch.
+        let marker = "marker-\(UUID().uuidString)"
+        statusLog.expect(marker: marker)
+        replyMarker = (marker, now)
+        pendingMessages.append(OutboundMessage(
+            exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
+            properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: login)))
+        // (Not kept: the term's end gives the marker up, which ends the wait.)
+        Task { [feed, statusLog] in
+            let read = await statusLog.waitFor(marker: marker)
+            feed.yield(.markerRead(marker, read))
+        }
     }
 
-    /// Commands remembered in the last `recentCommandWindow`, decided again:
-    /// a dispatch another partition rerouted here shows in the log a moment
-    /// after that partition's move, and its cancel must not wait for its copy.
+    /// How long held replies wait for their marker before going to every partition.
+    static let replyMarkerTimeout: TimeInterval = 5
+
+    /// Commands remembered in the last `recentCommandWindow` (a minute for
+    /// one passed on by another partition), decided again: a dispatch another
+    /// partition rerouted here shows in the log a moment after that
+    /// partition's move, and its cancel must not wait for its copy.
     static let recentCommandWindow: TimeInterval = 10
+    static let passedOnCommandWindow: TimeInterval = 60
     static let maxRecentCommands = 1000
 
     func lookAgainAtRecentCommands(now: Date) async throws {
-        let recent = recentCommands.filter { now.timeIntervalSince($0.at) < Self.recentCommandWindow }
+        let recent = recentCommands.filter {
+            now.timeIntervalSince($0.at) < ($0.passedOn ? Self.passedOnCommandWindow : Self.recentCommandWindow)
+        }
         recentCommands = []
-        for (command, at) in recent where held[command.id] == nil {
-            let known = statusLog.knowledge(command.id, term: term)
-            switch SenderDecisions.command(command, known: known, held: false, policy: policy, owns: owns) {
-            case .remember: recentCommands.append((command, at))  // still nothing known here
-            case .ignore: continue  // ended, or it waits in another partition
-            case .actOnCopy, .applyToHeld: try await apply(command, now: now, lookingAgain: true)
+        for entry in recent where held[entry.command.id] == nil {
+            let known = statusLog.knowledge(entry.command.id, term: term)
+            switch SenderDecisions.command(
+                entry.command, known: known, held: false, policy: policy,
+                partition: partition, partitionOf: partitions.partition(of:), sameRouteIsNoOp: true)
+            {
+            case .remember: recentCommands.append(entry)  // still nothing known here
+            case .elsewhere: if entry.passedOn { recentCommands.append(entry) }  // it was seen here by the partition that passed it on
+            case .ignore: continue  // ended
+            case .actOnCopy, .applyToHeld: try await apply(entry.command, now: now, passedOn: entry.passedOn, lookingAgain: true)
             }
         }
     }

@@ -18,6 +18,8 @@ final class SenderTerm {
         /// Every `tickInterval`: the timers now due fire.
         case tick
         case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
+        /// A marker published for held replies was read (or given up on).
+        case markerRead(String, Bool)
 
         var isCommand: Bool {
             if case .inbox(let d) = self { return d.properties.type == SenderCommand.cancelType || d.properties.type == SenderCommand.rerouteType }
@@ -92,10 +94,12 @@ final class SenderTerm {
     /// Replies that partition 0's leader could not place yet (their
     /// dispatch's partition not in its log yet), in order, per dispatch.
     var heldReplies: [String: (since: Date, deliveries: [AMQPDelivery])] = [:]
+    /// The marker the held replies wait for, and when it was published.
+    var replyMarker: (marker: String, publishedAt: Date)?
     /// Commands remembered lately: looked at again each tick, as a dispatch
     /// moved here by another partition's reroute may show up in the log a
     /// moment after its command.
-    var recentCommands: [(command: SenderCommand, at: Date)] = []
+    var recentCommands: [(command: SenderCommand, at: Date, passedOn: Bool)] = []
     let policy: RetryPolicy
     let logger: Logger
     let metrics: SenderMetrics
@@ -193,6 +197,7 @@ final class SenderTerm {
         })
         forwarders.append(Task { [feed] in await SenderTerm.tick(feed) })
         defer {
+            if let pending = replyMarker { statusLog.giveUp(marker: pending.marker) }
             for f in forwarders { f.cancel() }
             // A term that ended leads nothing: its per-target figures go to 0.
             for route in routes {
@@ -221,10 +226,19 @@ final class SenderTerm {
         let messages = pendingMessages, acks = pendingAcks
         pendingMessages = []
         pendingAcks = []
-        // Confirmed events go into the status log before their leases are acked.
-        let events = messages.filter { $0.exchange == SharedTopology.statusExchange }
+        // Confirmed events and waiting records go into the status log, in
+        // their order, before their leases are acked.
+        let noted = messages.filter {
+            $0.exchange == SharedTopology.statusExchange || ($0.routingKey == SenderTopology.statusLog && $0.properties.type == StatusLog.waitingType)
+        }
         try await settler.publish(messages, on: publisher, acks: acks) { [statusLog] in
-            for m in events { statusLog.note(properties: m.properties, routingKey: m.routingKey) }
+            for m in noted {
+                if m.exchange == SharedTopology.statusExchange {
+                    statusLog.note(properties: m.properties, routingKey: m.routingKey)
+                } else {
+                    statusLog.noteWaitingRecord(properties: m.properties, body: m.body)
+                }
+            }
         }
     }
 

@@ -21,10 +21,6 @@ enum SenderTopology {
     static func expired(_ k: Int) -> String { "frontdesk.sender.expired" + SenderPartitions.suffix(k) }
     /// Dispatches of partition `k` whose retry wait ended (dead-lettered from a delay queue). Quorum.
     static func retry(_ k: Int) -> String { "frontdesk.sender.retry" + SenderPartitions.suffix(k) }
-    /// The sender replicas, each a consumer (a classic transient queue: a
-    /// consumer of a lost node is removed at once): how many share the partitions.
-    static let members = "frontdesk.sender.members"
-
     /// Delays are rounded up to this step: a retry is never early and at most this late.
     static let delayStepMs = 500
 

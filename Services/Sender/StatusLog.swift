@@ -13,7 +13,7 @@ import Synchronization
 /// dispatch is recognised by its entry. Id, seq and state come from the
 /// message's properties and routing key: no JSON is parsed.
 ///
-/// One compact entry per id (12 bytes and the key), because a term keeps it
+/// One compact entry per id (about 20 bytes and the key), because a term keeps it
 /// for every dispatch it parks or finishes, for the whole 4-hour window.
 final class StatusLog: Sendable {
     struct Entry: Sendable {
@@ -39,21 +39,39 @@ final class StatusLog: Sendable {
         func ended(term: UInt32) -> Bool { terminal || (finishedBy != 0 && finishedBy == term) }
     }
 
+    /// A copy a term has just published and noted, not yet confirmed: only
+    /// that term decides by it (a copy it supersedes may surface before the
+    /// confirm). Confirmed, it becomes the entry's; if the term dies first,
+    /// no other term is misled by a copy that may not exist.
+    struct Tentative: Sendable {
+        var term: UInt32
+        var copySeq: Int32
+        var body: Data
+        var partitionPlusOne: UInt8
+    }
+
     fileprivate struct State {
         var entries: [String: Entry] = [:]
         /// The current waiting copy of each dispatch that waits, not ended:
         /// what a cancel or reroute needs to act at once, without the copy
         /// that sits in a park or delay queue.
         var waiting: [String: Data] = [:]
+        var tentative: [String: Tentative] = [:]
         /// When each waiting dispatch's lifetime ends (seconds since 1970),
-        /// and its partition. A park queue expires a message only once it
+        /// by partition + 1. A park queue expires a message only once it
         /// reaches the queue's head, so an older copy with a longer lifetime
         /// would hold a shorter one back for hours; the leader ends these
         /// itself (`dueWaiting`).
-        var expiries: [String: (at: UInt32, partition: UInt8)] = [:]
+        var expiries: [UInt8: [String: UInt32]] = [:]
         var terms: UInt32 = 0
-        var markers: [String: CheckedContinuation<Bool, Never>] = [:]
+        /// Markers this replica waits for (a continuation once someone
+        /// waits), and those of them that arrived before the wait: markers
+        /// of other replicas are not kept.
+        var markers: [String: CheckedContinuation<Bool, Never>?] = [:]
         var arrivedMarkers: Set<String> = []
+        /// Each sender replica's last heartbeat in the log: when it was read
+        /// (seconds since 1970) and the partitions it led.
+        var heartbeats: [String: (at: Double, led: [Int])] = [:]
     }
 
     private let state = Mutex(State())
@@ -73,18 +91,6 @@ final class StatusLog: Sendable {
             if s.terms == 0 { s.terms = 1 }
             return s.terms
         }
-    }
-
-    /// The partition of dispatch `id` as the log last saw it, if known.
-    func partition(of id: String) -> Int? {
-        state.withLock { s in s.entries[id].flatMap { $0.partitionPlusOne == 0 ? nil : Int($0.partitionPlusOne) - 1 } }
-    }
-
-    /// The partition of a status routing key's route (`status.<project>.<target>.<state>`), if it names one.
-    private func partition(routingKey: String) -> UInt8 {
-        let parts = routingKey.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 4, parts[1] != "_", parts[2] != "_" else { return 0 }
-        return UInt8(partitions.partition(of: RoutingTable.Route(project: String(parts[1]), target: String(parts[2]))) + 1)
     }
 
     subscript(id: String) -> Entry? { state.withLock { $0.entries[id] } }
@@ -110,21 +116,60 @@ final class StatusLog: Sendable {
     /// The type of a waiting record in the log: the body of a copy just parked or delayed.
     static let waitingType = "frontdesk.sender.waiting.v1"
 
+    /// A sender replica's heartbeat (message_id: the replica's id; header
+    /// `x-frontdesk-led`: the partitions it leads, e.g. "0,2"), every
+    /// `SenderService.heartbeatInterval` with several partitions: the replicas
+    /// count each other by them, and see which partitions have a live leader.
+    static let heartbeatType = "frontdesk.sender.heartbeat.v1"
+    static let ledHeader = "x-frontdesk-led"
+
+    /// The partition + 1 a route's copy belongs to (1 with one partition).
+    private func partitionPlusOne(_ route: RoutingTable.Route?) -> UInt8 {
+        guard partitions.count > 1 else { return 1 }
+        return route.map { UInt8(partitions.partition(of: $0) + 1) } ?? 0
+    }
+
+    /// The partition of a status routing key's route (`status.<project>.<target>.<state>`) + 1, if it names one.
+    private func partitionPlusOne(routingKey: String) -> UInt8 {
+        guard partitions.count > 1 else { return 1 }
+        let parts = routingKey.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 4, parts[1] != "_", parts[2] != "_" else { return 0 }
+        return partitionPlusOne(RoutingTable.Route(project: String(parts[1]), target: String(parts[2])))
+    }
+
+    /// The partition of dispatch `id` as this replica last saw it, if known.
+    func partition(of id: String) -> Int? {
+        state.withLock { s in
+            let p = s.tentative[id]?.partitionPlusOne ?? s.entries[id]?.partitionPlusOne ?? 0
+            return p == 0 ? nil : Int(p) - 1
+        }
+    }
+
     /// What is known of a dispatch, for the decisions of term `term`.
     func knowledge(_ id: String, term: UInt32) -> DispatchKnowledge? {
         state.withLock { s in
             guard let e = s.entries[id] else { return nil }
+            var copySeq = e.copySeq
+            var body = s.waiting[id]
+            var partition = e.partitionPlusOne
+            if let t = s.tentative[id], t.term == term, t.copySeq >= copySeq {
+                copySeq = t.copySeq
+                body = t.body
+                partition = t.partitionPlusOne
+            }
+            let ended = e.ended(term: term)
             return DispatchKnowledge(
-                lastSeq: Int(e.lastSeq), copySeq: Int(e.copySeq), ended: e.ended(term: term), accepted: e.acceptedBy == term,
-                waitingBody: s.waiting[id])
+                lastSeq: Int(e.lastSeq), copySeq: Int(copySeq), ended: ended, accepted: e.acceptedBy == term,
+                waitingBody: ended ? nil : body, partition: partition == 0 ? nil : Int(partition) - 1)
         }
     }
 
-    /// The dispatch `id` now waits as the copy `body` with seq `copySeq`
-    /// (noted by the leader as it publishes the copy, and read back from the
-    /// log at takeover, where id and seq come from the record's properties:
-    /// no JSON is parsed).
-    func noteWaiting(id: String, copySeq: Int, body: Data, expiresAt: UInt32?, route: RoutingTable.Route?) {
+    /// The dispatch `id` now waits as the copy `body` with seq `copySeq`:
+    /// noted by term `term` as it publishes the copy (tentative until
+    /// confirmed), or confirmed (`term` nil: by the confirm, or read back
+    /// from the log, where id and seq come from the record's properties: no
+    /// JSON is parsed).
+    func noteWaiting(id: String, copySeq: Int, body: Data, expiresAt: UInt32?, route: RoutingTable.Route?, term: UInt32? = nil) {
         let seq = Int32(clamping: copySeq)
         let now = Self.now
         // A record without its lifetime or route (written by an older sender) is read for them.
@@ -132,19 +177,42 @@ final class StatusLog: Sendable {
         var route = route
         if expiry == nil || route == nil, let copy = try? ParkedDispatch(jsonData: body) {
             expiry = expiry ?? RFC3339.parse(copy.record.expiresAt).map(Self.seconds)
-            route = route ?? RoutingTable.Route(project: copy.project.id, target: copy.target.id)
+            route = route ?? copy.route
         }
-        let partition = route.map { UInt8(partitions.partition(of: $0) + 1) } ?? 0
+        let partition = partitionPlusOne(route)
         state.withLock { s in
             var e = s.entries[id] ?? Entry()
             e.seenAt = now
-            guard !e.terminal, e.finishedBy == 0, seq >= e.copySeq else { return s.entries[id] = e }
+            s.entries[id] = e
+            guard !e.terminal, seq >= e.copySeq else { return }
+            if let term {
+                guard e.finishedBy != term, seq >= s.tentative[id].map({ $0.term == term ? $0.copySeq : 0 }) ?? 0 else { return }
+                s.tentative[id] = Tentative(term: term, copySeq: seq, body: body, partitionPlusOne: partition)
+                return
+            }
             e.copySeq = seq
             if partition != 0 { e.partitionPlusOne = partition }
             s.entries[id] = e
             s.waiting[id] = body
-            s.expiries[id] = expiry.map { ($0, partition) }
+            if let t = s.tentative[id], t.copySeq <= seq { s.tentative[id] = nil }
+            for k in s.expiries.keys where k != partition { s.expiries[k]?[id] = nil }
+            s.expiries[partition, default: [:]][id] = expiry
         }
+    }
+
+    /// A waiting record (read from the log, or ours confirmed): id and seq
+    /// from its properties, lifetime and route from its headers.
+    func noteWaitingRecord(properties: AMQPProperties, body: Data) {
+        guard let id = properties.correlationID, let messageID = properties.messageID,
+            let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...])
+        else { return }
+        var expiresAt: UInt32?
+        if case .int64(let t)? = properties.headers?[Self.expiresAtHeader] { expiresAt = UInt32(clamping: t) }
+        var route: RoutingTable.Route?
+        if case .string(let r)? = properties.headers?[Self.routeHeader], let dot = r.firstIndex(of: ".") {
+            route = RoutingTable.Route(project: String(r[..<dot]), target: String(r[r.index(after: dot)...]))
+        }
+        noteWaiting(id: id, copySeq: seq, body: body, expiresAt: expiresAt, route: route)
     }
 
     /// Seconds since 1970, rounded up (an expiry is never due early) and
@@ -157,11 +225,10 @@ final class StatusLog: Sendable {
     /// The waiting dispatches of partition `partition` whose lifetime has ended by `now`, at most `limit`.
     func dueWaiting(now: Date, limit: Int, partition: Int = 0) -> [String] {
         let now = UInt32(clamping: Int(max(0, min(now.timeIntervalSince1970.rounded(.down), Double(UInt32.max)))))
-        let wanted = UInt8(clamping: partition + 1)
-        let single = partitions.count == 1
+        let key = partitions.count == 1 ? 1 : UInt8(clamping: partition + 1)
         return state.withLock { s in
             var due: [String] = []
-            for (id, e) in s.expiries where e.at <= now && (single || e.partition == wanted) {
+            for (id, at) in s.expiries[key] ?? [:] where at <= now {
                 due.append(id)
                 if due.count >= limit { break }
             }
@@ -181,8 +248,11 @@ final class StatusLog: Sendable {
     /// Ends every wait for a marker (the reader stopped: none will come).
     func giveUpAll() {
         let waiting = state.withLock { s -> [CheckedContinuation<Bool, Never>] in
-            defer { s.markers = [:] }
-            return Array(s.markers.values)
+            defer {
+                s.markers = [:]
+                s.arrivedMarkers = []
+            }
+            return s.markers.values.compactMap { $0 }
         }
         for w in waiting { w.resume(returning: false) }
     }
@@ -196,30 +266,42 @@ final class StatusLog: Sendable {
             return  // put in the stream by name, by someone other than a sender: not read
         }
         if d.properties.type == Self.waitingType, d.routingKey == Self.stream {
-            guard let id = d.properties.correlationID, let messageID = d.properties.messageID,
-                let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...])
-            else { return }
-            var expiresAt: UInt32?
-            if case .int64(let t)? = d.properties.headers?[Self.expiresAtHeader] { expiresAt = UInt32(clamping: t) }
-            var route: RoutingTable.Route?
-            if case .string(let r)? = d.properties.headers?[Self.routeHeader], let dot = r.firstIndex(of: ".") {
-                route = RoutingTable.Route(project: String(r[..<dot]), target: String(r[r.index(after: dot)...]))
-            }
-            noteWaiting(id: id, copySeq: seq, body: d.body, expiresAt: expiresAt, route: route)
-            return
+            return noteWaitingRecord(properties: d.properties, body: d.body)
         }
         if d.properties.type == Self.markerType, d.routingKey == Self.stream, let marker = d.properties.messageID {
             let waiter = state.withLock { s -> CheckedContinuation<Bool, Never>? in
-                if let w = s.markers.removeValue(forKey: marker) { return w }
+                guard let expected = s.markers.removeValue(forKey: marker) else { return nil }  // not one of ours
+                if let w = expected { return w }
                 s.arrivedMarkers.insert(marker)
                 return nil
             }
             waiter?.resume(returning: true)
             return
         }
+        if d.properties.type == Self.heartbeatType, d.routingKey == Self.stream, let replica = d.properties.messageID {
+            var led: [Int] = []
+            if case .string(let list)? = d.properties.headers?[Self.ledHeader] {
+                led = list.split(separator: ",").prefix(SenderPartitions.maxCount).compactMap { Int($0) }
+            }
+            let now = Date().timeIntervalSince1970
+            state.withLock { s in s.heartbeats[String(replica.prefix(64))] = (now, led) }
+            return
+        }
         // Status events come through the status exchange, where only the services publish.
         guard d.routingKey != Self.stream else { return }
         note(properties: d.properties, routingKey: d.routingKey)
+    }
+
+    /// The replicas whose heartbeat was read within the last `seconds` (older
+    /// ones are forgotten), and the partitions those other than `me` lead.
+    func replicas(within seconds: Double, me: String) -> (count: Int, claimed: Set<Int>) {
+        let horizon = Date().timeIntervalSince1970 - seconds
+        return state.withLock { s in
+            s.heartbeats = s.heartbeats.filter { $0.value.at >= horizon }
+            var claimed = Set<Int>()
+            for (replica, beat) in s.heartbeats where replica != me { claimed.formUnion(beat.led) }
+            return (s.heartbeats.count, claimed)
+        }
     }
 
     /// Records one status event by its properties and routing key. Also
@@ -231,7 +313,7 @@ final class StatusLog: Sendable {
         else { return }
         let stateName = routingKey.split(separator: ".").last.map(String.init) ?? ""
         let terminal = ["replied", "failed", "cancelled"].contains(stateName)
-        let partition = partitions.count == 1 ? 1 : partition(routingKey: routingKey)
+        let partition = partitionPlusOne(routingKey: routingKey)
         update(id) { e in
             e.lastSeq = max(e.lastSeq, Int32(clamping: seq))
             e.terminal = e.terminal || terminal
@@ -242,27 +324,33 @@ final class StatusLog: Sendable {
 
     func markAccepted(_ id: String, term: UInt32) { update(id) { $0.acceptedBy = term } }
 
-    func markFinished(_ id: String, term: UInt32) {
-        update(id) { $0.finishedBy = term }
-        state.withLock { s in s.stopWaiting(id) }
-    }
+    /// Term `term` finished it: for that term it has ended at once; for
+    /// others once its terminal event is confirmed (the term may die first).
+    func markFinished(_ id: String, term: UInt32) { update(id) { $0.finishedBy = term } }
 
-    /// Waits until the marker published with this id has been read.
-    /// Waits until `marker` has been read; false when `giveUp(marker:)` came first.
+    /// Says that this replica will wait for `marker`: call before publishing it.
+    func expect(marker: String) { state.withLock { $0.markers[marker] = .some(nil) } }
+
+    /// Waits until `marker` (expected) has been read; false when `giveUp(marker:)` came first.
     func waitFor(marker: String) async -> Bool {
         await withCheckedContinuation { (c: CheckedContinuation<Bool, Never>) in
-            let arrived = state.withLock { s -> Bool in
+            let arrived = state.withLock { s -> Bool? in
                 if s.arrivedMarkers.remove(marker) != nil { return true }
+                guard s.markers[marker] != nil else { return false }  // given up already
                 s.markers[marker] = c
-                return false
+                return nil
             }
-            if arrived { c.resume(returning: true) }
+            if let arrived { c.resume(returning: arrived) }
         }
     }
 
     /// Ends a wait for `marker` that has not been read (the reader stopped, or took too long).
     func giveUp(marker: String) {
-        state.withLock { $0.markers.removeValue(forKey: marker) }?.resume(returning: false)
+        let waiter = state.withLock { s -> CheckedContinuation<Bool, Never>? in
+            s.arrivedMarkers.remove(marker)
+            return s.markers.removeValue(forKey: marker) ?? nil
+        }
+        waiter?.resume(returning: false)
     }
 
     /// Forgets dispatches not heard of for `seconds`.
@@ -271,7 +359,8 @@ final class StatusLog: Sendable {
         state.withLock { s in
             s.entries = s.entries.filter { $0.value.seenAt > horizon }
             s.waiting = s.waiting.filter { s.entries[$0.key] != nil }
-            s.expiries = s.expiries.filter { s.entries[$0.key] != nil }
+            s.tentative = s.tentative.filter { s.entries[$0.key] != nil }
+            for k in s.expiries.keys { s.expiries[k] = s.expiries[k]?.filter { s.entries[$0.key] != nil } }
         }
     }
 }
@@ -279,6 +368,7 @@ final class StatusLog: Sendable {
 extension StatusLog.State {
     fileprivate mutating func stopWaiting(_ id: String) {
         waiting[id] = nil
-        expiries[id] = nil
+        tentative[id] = nil
+        for k in expiries.keys { expiries[k]?[id] = nil }
     }
 }

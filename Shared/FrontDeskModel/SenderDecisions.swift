@@ -17,6 +17,8 @@ public struct DispatchKnowledge: Sendable, Equatable {
     /// ended: kept as bytes (a fraction of the decoded value's memory, for
     /// every waiting dispatch) and decoded only when a command needs it.
     public var waitingBody: Data?
+    /// The partition it was last seen in (its latest event's or copy's route), with several.
+    public var partition: Int?
 
     /// The current waiting copy, decoded.
     public var waiting: ParkedDispatch? {
@@ -32,12 +34,13 @@ public struct DispatchKnowledge: Sendable, Equatable {
         self.waitingBody = waiting?.jsonData()
     }
 
-    public init(lastSeq: Int, copySeq: Int, ended: Bool, accepted: Bool, waitingBody: Data?) {
+    public init(lastSeq: Int, copySeq: Int, ended: Bool, accepted: Bool, waitingBody: Data?, partition: Int? = nil) {
         self.lastSeq = lastSeq
         self.copySeq = copySeq
         self.ended = ended
         self.accepted = accepted
         self.waitingBody = waitingBody
+        self.partition = partition
     }
 }
 
@@ -101,6 +104,10 @@ public enum SenderDecisions {
         /// Not seen yet (or taken up by a leader that died with it):
         /// remember it until the dispatch or its copy shows up.
         case remember
+        /// With several partitions: it waits in, or was last seen by, this
+        /// other partition (which gets every command too, but may have seen
+        /// it before the dispatch moved there): pass the command on to it.
+        case elsewhere(partition: Int)
     }
 
     /// Which kind of waiting copy surfaced.
@@ -136,7 +143,7 @@ public enum SenderDecisions {
         _ record: DispatchRecord, redelivered: Bool, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
         pending: inout PendingCommands, target: (RoutingTable.Route) -> TargetView,
         parts: (RoutingTable.Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)?,
-        policy: RetryPolicy, now: Date
+        policy: RetryPolicy, now: Date, sameRouteIsNoOp: Bool = false
     ) -> Outcome {
         guard var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(base: 2, known: known, deliveryCount: deliveryCount))
         else { return .drop(.unreadable) }
@@ -150,7 +157,7 @@ public enum SenderDecisions {
         if let reason = pending.cancelReason(record.id) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }
-        if let route = pending.takeReroute(record.id), route != machine.route, let p = parts(route) {
+        if let route = pending.takeReroute(record.id), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
         }
         let takesNew = target(machine.route).takesNew
@@ -162,7 +169,7 @@ public enum SenderDecisions {
         _ copy: ParkedDispatch, _ wait: Wait, queueRoute: RoutingTable.Route? = nil, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
         pending: inout PendingCommands, target: (RoutingTable.Route) -> TargetView,
         parts: (RoutingTable.Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)?,
-        policy: RetryPolicy, now: Date
+        policy: RetryPolicy, now: Date, sameRouteIsNoOp: Bool = false
     ) -> Outcome {
         let id = copy.record.id
         guard var machine = DispatchMachine(parked: copy, policy: policy, seqFloor: seqFloor(base: copy.lastSeq, known: known, deliveryCount: deliveryCount))
@@ -188,7 +195,7 @@ public enum SenderDecisions {
             // delivered (by a leader that died with it in flight): a reroute
             // then changes nothing.
             let deliveredSince = (known?.lastSeq ?? 0) > copy.lastSeq
-            if let to = pending.takeReroute(id), to != machine.route, !deliveredSince, let p = parts(to) {
+            if let to = pending.takeReroute(id), !(sameRouteIsNoOp && to == machine.route), !deliveredSince, let p = parts(to) {
                 _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
                 let view = target(to)
                 return take(machine) { $0.received(now: now, targetOnline: view.online && view.parked == 0) }
@@ -222,12 +229,17 @@ public enum SenderDecisions {
     }
 
     /// A cancel or reroute. With the sender split into partitions, every
-    /// partition gets every command: `owns` tells the routes of the one
-    /// deciding, and only the partition where the dispatch waits acts on its
-    /// copy; the others ignore it, or remember it while they know nothing of it.
+    /// partition gets every command: `partition` is the one deciding and
+    /// `partitionOf` tells a route's. Only the partition where the dispatch
+    /// waits acts on its copy; another that knows where it is passes the
+    /// command on there (it may have been moved there a moment ago, after
+    /// that partition saw the command); one that knows nothing remembers it.
+    /// `sameRouteIsNoOp`: a reroute to where it already waits changes nothing
+    /// (with several partitions, as every partition gets it, and the one it
+    /// moved to may see it after the move).
     public static func command(
         _ command: SenderCommand, known: DispatchKnowledge?, held: Bool, policy: RetryPolicy,
-        owns: (RoutingTable.Route) -> Bool = { _ in true }
+        partition: Int = 0, partitionOf: (RoutingTable.Route) -> Int = { _ in 0 }, sameRouteIsNoOp: Bool = false
     ) -> CommandOutcome {
         if known?.ended == true { return .ignore }
         if held { return .applyToHeld }
@@ -237,18 +249,19 @@ public enum SenderDecisions {
         if let known, known.lastSeq <= known.copySeq, let copy = known.waiting, copy.lastSeq == known.copySeq,
             let machine = DispatchMachine(parked: copy, policy: policy, seqFloor: copy.lastSeq)
         {
-            guard owns(machine.route) else { return .ignore }
-            // A reroute to where it already waits changes nothing (every
-            // partition gets it, and the one it moved to may see it after the move).
-            if case .reroute(_, let to) = command, to == machine.route { return .ignore }
+            let home = partitionOf(machine.route)
+            guard home == partition else { return .elsewhere(partition: home) }
+            if sameRouteIsNoOp, case .reroute(_, let to) = command, to == machine.route { return .ignore }
             return .actOnCopy(machine)
         }
         // Taken up since by a leader that died: a cancel still ends it at once
         // (the contract's 1 s holds in every state); a reroute changes nothing
         // once delivered, and waits for the copy, which tells.
         if case .cancel = command, let known, let machine = endingMachine(known, policy: policy) {
-            return owns(machine.route) ? .actOnCopy(machine) : .ignore
+            let home = partitionOf(machine.route)
+            return home == partition ? .actOnCopy(machine) : .elsewhere(partition: home)
         }
+        if let p = known?.partition, p != partition { return .elsewhere(partition: p) }
         return .remember
     }
 }

@@ -43,22 +43,23 @@ public struct SenderPartitions: Sendable, Equatable {
 }
 
 /// How the sender replicas share the partitions, decided by each replica on
-/// its own from what it sees: how many replicas there are (the consumers of
-/// a membership queue), which partitions it leads, and when it last changed.
-/// No replica leads more than its share for long, and no partition stays
-/// without a leader: a replica below its share tries a free partition at
-/// once; one at its share tries now and then, so a partition whose leader
-/// died is taken even when the replica count is off for a while.
+/// its own from what it sees: how many replicas there are and which
+/// partitions the others lead (their heartbeats in the status log), which
+/// partitions it leads, and when it last changed. A partition's lock (an
+/// exclusive queue) is the truth; this only decides when to try for it. No
+/// replica leads more than its share for long, and no partition stays
+/// without a leader: a replica below its share tries a partition nobody
+/// claims at once; one at its share only once it has stayed unclaimed a
+/// moment, so that a replica below its share gets it first.
 public struct PartitionBalance: Sendable, Equatable {
-    /// How long a replica waits after its last change before it gives one up.
+    /// How long a replica waits after its last change before it gives partitions up.
     public static let settle: TimeInterval = 3
-    /// After taking a partition beyond its share (a free one nobody else took),
-    /// a replica keeps its partitions this long: with a replica count that is
-    /// off (a member of a lost node still counted) giving it up again would
-    /// only pass it round.
-    public static let keepAfterOverTake: TimeInterval = 30
-    /// How often a replica at or above its share tries a partition it does not lead.
-    public static let overSharePoll: TimeInterval = 2
+    /// After taking a partition beyond its share (one nobody else took), a
+    /// replica keeps its partitions this long: with a replica count that is
+    /// off for a moment, giving it up again would only pass it round.
+    public static let keepAfterOverTake: TimeInterval = 10
+    /// How long a partition must stay unclaimed before a replica at or above its share tries it.
+    public static let overShareWait: TimeInterval = 0.5
 
     public let partitions: SenderPartitions
 
@@ -72,18 +73,20 @@ public struct PartitionBalance: Sendable, Equatable {
         return (partitions.count + n - 1) / n
     }
 
-    /// Whether a replica leading `led` partitions may try to take another
-    /// now, `sinceLastTry` after its last try of it.
-    public func mayTry(led: Int, replicas: Int, sinceLastTry: TimeInterval) -> Bool {
-        led < share(replicas: replicas) || sinceLastTry >= Self.overSharePoll
+    /// Whether a replica leading (or trying for) `led` partitions may try
+    /// for one that no other replica's heartbeat has claimed for
+    /// `unclaimedFor` seconds (nil: one claims it now).
+    public func mayTry(led: Int, replicas: Int, unclaimedFor: TimeInterval?) -> Bool {
+        guard let unclaimedFor else { return false }
+        return led < share(replicas: replicas) || unclaimedFor >= Self.overShareWait
     }
 
-    /// The partition a replica should give up now, if any: the highest it
-    /// leads, when it leads more than its share, has not changed for
-    /// `settle`, and has not taken one beyond its share lately.
-    public func release(led: Set<Int>, replicas: Int, sinceLastChange: TimeInterval, sinceOverTake: TimeInterval) -> Int? {
-        guard led.count > share(replicas: replicas), sinceLastChange >= Self.settle, sinceOverTake >= Self.keepAfterOverTake
-        else { return nil }
-        return led.max()
+    /// The partitions a replica should give up now: the highest it leads
+    /// beyond its share, when it leads more than its share, has not changed
+    /// for `settle`, and has not taken one beyond its share lately.
+    public func release(led: Set<Int>, replicas: Int, sinceLastChange: TimeInterval, sinceOverTake: TimeInterval) -> [Int] {
+        let share = share(replicas: replicas)
+        guard led.count > share, sinceLastChange >= Self.settle, sinceOverTake >= Self.keepAfterOverTake else { return [] }
+        return Array(led.sorted().suffix(led.count - share))
     }
 }

@@ -142,6 +142,7 @@ struct SenderDecisionsTests {
         case .applyToHeld: "applyToHeld"
         case .actOnCopy: "actOnCopy"
         case .remember: "remember"
+        case .elsewhere(let k): "elsewhere \(k)"
         }
         #expect(got == expected, "\(name)")
     }

@@ -39,20 +39,22 @@ struct SenderPartitionsTests {
         #expect(b.share(replicas: 0) == 4 && b.share(replicas: 9) == 1)
         let all: Set = [0, 1, 2, 3]
         // Alone: keeps all four.
-        #expect(b.release(led: all, replicas: 1, sinceLastChange: 60, sinceOverTake: 600) == nil)
-        // A second replica came: gives one up, the highest, once settled.
-        #expect(b.release(led: all, replicas: 2, sinceLastChange: 1, sinceOverTake: 600) == nil)
-        #expect(b.release(led: all, replicas: 2, sinceLastChange: 3, sinceOverTake: 600) == 3)
-        #expect(b.release(led: [0, 1], replicas: 2, sinceLastChange: 60, sinceOverTake: 600) == nil)
+        #expect(b.release(led: all, replicas: 1, sinceLastChange: 60, sinceOverTake: 600) == [])
+        // A second replica came: gives up what is beyond its share, the highest, once settled.
+        #expect(b.release(led: all, replicas: 2, sinceLastChange: 1, sinceOverTake: 600) == [])
+        #expect(b.release(led: all, replicas: 2, sinceLastChange: 3, sinceOverTake: 600) == [2, 3])
+        #expect(b.release(led: all, replicas: 4, sinceLastChange: 3, sinceOverTake: 600) == [1, 2, 3])
+        #expect(b.release(led: [0, 1], replicas: 2, sinceLastChange: 60, sinceOverTake: 600) == [])
         // It took one beyond its share lately (nobody else did): it keeps it a while.
-        #expect(b.release(led: all, replicas: 2, sinceLastChange: 60, sinceOverTake: 5) == nil)
+        #expect(b.release(led: all, replicas: 2, sinceLastChange: 60, sinceOverTake: 5) == [])
     }
 
-    @Test func belowItsShareAReplicaTriesAtOnceAtItOnlyNowAndThen() {
+    @Test func aPartitionAnotherClaimsIsNotTriedOneUnclaimedFirstByAReplicaBelowItsShare() {
         let b = PartitionBalance(partitions: SenderPartitions(count: 4))
-        #expect(b.mayTry(led: 1, replicas: 2, sinceLastTry: 0))
-        #expect(!b.mayTry(led: 2, replicas: 2, sinceLastTry: 0.5))
-        #expect(b.mayTry(led: 2, replicas: 2, sinceLastTry: PartitionBalance.overSharePoll))
+        #expect(!b.mayTry(led: 0, replicas: 2, unclaimedFor: nil))
+        #expect(b.mayTry(led: 1, replicas: 2, unclaimedFor: 0))
+        #expect(!b.mayTry(led: 2, replicas: 2, unclaimedFor: 0.2))
+        #expect(b.mayTry(led: 2, replicas: 2, unclaimedFor: PartitionBalance.overShareWait))
     }
 
     /// Four replicas, joining one by one, each deciding on its own: the
@@ -71,14 +73,15 @@ struct SenderPartitionsTests {
                 t += 1
                 let n = led.count
                 for r in led.indices {
-                    if let k = b.release(led: led[r], replicas: n, sinceLastChange: t - lastChange[r], sinceOverTake: 600) {
-                        led[r].remove(k)
+                    let give = b.release(led: led[r], replicas: n, sinceLastChange: t - lastChange[r], sinceOverTake: 600)
+                    if !give.isEmpty {
+                        led[r].subtract(give)
                         lastChange[r] = t
                     }
                 }
                 let free = Set(0..<4).subtracting(led.reduce(into: Set<Int>()) { $0.formUnion($1) })
                 for k in free.sorted() {
-                    if let r = led.indices.first(where: { b.mayTry(led: led[$0].count, replicas: n, sinceLastTry: 0) }) {
+                    if let r = led.indices.first(where: { b.mayTry(led: led[$0].count, replicas: n, unclaimedFor: 0) }) {
                         led[r].insert(k)
                         lastChange[r] = t
                     }
@@ -103,20 +106,30 @@ struct SenderPartitionsTests {
         return DispatchKnowledge(lastSeq: copy.lastSeq, copySeq: copy.lastSeq, waiting: copy)
     }
 
-    @Test func onlyThePartitionWhereTheDispatchWaitsActsOnACommand() {
+    /// Board-prep is partition 0, legal partition 1 (of two, say).
+    func partitionOf(_ r: RoutingTable.Route) -> Int { r == board ? 0 : 1 }
+
+    func decide(_ command: SenderCommand, _ known: DispatchKnowledge?, in partition: Int) -> SenderDecisions.CommandOutcome {
+        SenderDecisions.command(
+            command, known: known, held: false, policy: policy, partition: partition, partitionOf: partitionOf, sameRouteIsNoOp: true)
+    }
+
+    @Test func onlyThePartitionWhereTheDispatchWaitsActsAnotherPassesItOnOneThatKnowsNothingRemembers() {
         let known = waiting(at: board)
         let mine: (RoutingTable.Route) -> Bool = { $0 == self.board }
         let notMine: (RoutingTable.Route) -> Bool = { $0 != self.board }
         for command in [SenderCommand.cancel(id: "d-1", reason: "user"), .reroute(id: "d-1", route: legal)] {
-            if case .actOnCopy = SenderDecisions.command(command, known: known, held: false, policy: policy, owns: mine) {} else {
-                Issue.record("the owning partition must act on \(command)")
-            }
-            if case .ignore = SenderDecisions.command(command, known: known, held: false, policy: policy, owns: notMine) {} else {
-                Issue.record("another partition must ignore \(command)")
+            if case .actOnCopy = decide(command, known, in: 0) {} else { Issue.record("the owning partition must act on \(command)") }
+            // Partition 1 may see it first, before a reroute moves it there: it passes it on to 0.
+            if case .elsewhere(let k) = decide(command, known, in: 1) { #expect(k == 0) } else {
+                Issue.record("another partition must pass \(command) on")
             }
             // Nothing known of it: every partition remembers it.
-            if case .remember = SenderDecisions.command(command, known: nil, held: false, policy: policy, owns: notMine) {} else {
-                Issue.record("an unknown dispatch's command must be remembered")
+            if case .remember = decide(command, nil, in: 1) {} else { Issue.record("an unknown dispatch's command must be remembered") }
+            // In flight in partition 0 (its events' route): partition 1 passes it on, remembers nothing.
+            let inFlight = DispatchKnowledge(lastSeq: 3, copySeq: 0, ended: false, accepted: false, waitingBody: nil, partition: 0)
+            if case .elsewhere(let k) = decide(command, inFlight, in: 1) { #expect(k == 0) } else {
+                Issue.record("a dispatch in flight elsewhere: \(command) must be passed on, not remembered")
             }
         }
         // Its expiry too.
@@ -124,18 +137,22 @@ struct SenderPartitionsTests {
         if case .actOnCopy = SenderDecisions.expiry(known: known, policy: policy, owns: mine) {} else { Issue.record("expiry not acted") }
     }
 
-    @Test func aRerouteToWhereItAlreadyWaitsChangesNothing() {
+    @Test func withPartitionsARerouteToWhereItAlreadyWaitsChangesNothing() {
         // The partition it was moved to gets the same reroute (every partition does).
         let known = waiting(at: legal)
-        if case .ignore = SenderDecisions.command(.reroute(id: "d-1", route: legal), known: known, held: false, policy: policy) {} else {
+        if case .ignore = decide(.reroute(id: "d-1", route: legal), known, in: 1) {} else {
             Issue.record("a reroute to the route it has must change nothing")
+        }
+        // With one partition it re-parks it, as before.
+        if case .actOnCopy = SenderDecisions.command(.reroute(id: "d-1", route: legal), known: known, held: false, policy: policy) {} else {
+            Issue.record("one partition: a reroute to the route it has re-parks it")
         }
         // Remembered, then its copy surfaces there: delivered as it is, not moved again.
         var pending = PendingCommands()
         pending.add(.reroute(id: "d-1", route: legal), at: at(2))
         let outcome = SenderDecisions.surfaced(
             known.waiting!, .parked, queueRoute: legal, deliveryCount: 0, known: known, held: false, pending: &pending,
-            target: { _ in TargetView(online: true) }, parts: { _ in nil }, policy: policy, now: at(3))
+            target: { _ in TargetView(online: true) }, parts: { _ in nil }, policy: policy, now: at(3), sameRouteIsNoOp: true)
         guard case .take(_, let actions) = outcome else {
             Issue.record("not taken: \(outcome)")
             return
