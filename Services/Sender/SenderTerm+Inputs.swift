@@ -84,6 +84,8 @@ extension SenderTerm {
             try await presenceChanged(snapshot, now: now)
         case .markerRead(let marker, let read):
             placeHeldReplies(now: now, markerRead: (marker, read))
+        case .sendingSeen(let id):
+            if heldReplies[id] != nil { placeHeldReplies(now: now) }
         }
     }
 

@@ -20,6 +20,8 @@ final class SenderTerm {
         case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
         /// A marker published for held replies was read (or given up on).
         case markerRead(String, Bool)
+        /// Partition 0's leader saw a `sending` event of this dispatch (noted in the log).
+        case sendingSeen(String)
 
         var isCommand: Bool {
             if case .inbox(let d) = self { return d.properties.type == SenderCommand.cancelType || d.properties.type == SenderCommand.rerouteType }
@@ -192,6 +194,7 @@ final class SenderTerm {
         try await forward(queue: SenderTopology.replies(partition), prefetch: passesOn ? 2000 : 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired(partition), prefetch: 100) { .expired($0) }
         try await forward(queue: SenderTopology.retry(partition), prefetch: Self.retryPrefetch) { .retryDue($0) }
+        if passesOn { try await watchSending() }
         forwarders.append(Task { [feed, routes] in
             await SenderTerm.pollPresence(channel: presenceChannel, routes: routes, feed: feed)
         })
@@ -249,6 +252,22 @@ final class SenderTerm {
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: prefetch)
         _ = try await channel.consume(queue: queue, deliver: { [feed] in feed.yield(wrap($0)) }, finished: { [feed] _ in feed.finish() })
+    }
+
+    /// Partition 0's leader learns each delivered dispatch's partition from
+    /// its `sending` event as the exchange routes it (a queue of its own),
+    /// not from the stream a moment later: an instant agent's reply would
+    /// otherwise often come first and wait.
+    private func watchSending() async throws {
+        let channel = try await connection.openChannel()
+        let queue = "frontdesk.sender.sending.\(UUID().uuidString.lowercased())"
+        try await channel.queueDeclare(queue, durable: false, exclusive: true, autoDelete: true)
+        try await channel.queueBind(queue, exchange: SharedTopology.statusExchange, routingKey: "status.*.*.sending")
+        _ = try await channel.consume(queue: queue, noAck: true, deliver: { [feed, statusLog] d in
+            guard SharedTopology.cameByTheStatusExchange(d), let id = d.properties.correlationID else { return }
+            statusLog.note(properties: d.properties, routingKey: d.routingKey)
+            feed.yield(.sendingSeen(id))
+        }, finished: { [feed] _ in feed.finish() })
     }
 
     static func tick(_ feed: BatchQueue<Input>) async {
