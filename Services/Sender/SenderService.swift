@@ -47,6 +47,8 @@ final class SenderService: Service {
         var holdUntil: [Int: Date] = [:]
         /// Since when no other replica's heartbeat claims each partition.
         var unclaimedSince: [Int: Date] = [:]
+        /// When the replica count last changed.
+        var countChangedAt = Date()
         /// Slots trying for their partition now, and whether beyond the share.
         var trying: [Int: Bool] = [:]
     }
@@ -145,28 +147,44 @@ final class SenderService: Service {
         try await probes.confirmSelect()
         let reader = try await StatusLogReader.start(
             connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds, into: shared.log)
-        try await heartbeat(probes)
         try await reader.probe(publisher: probes)  // read to the log's end: warm
-        noteHeartbeats(shared.log)
+        // Heartbeats count from here on: those read on the way (of replicas
+        // perhaps long gone) do not, and this replica writes its own only now
+        // (the others must not count it while it cannot lead yet).
+        shared.log.clearHeartbeats()
         await shared.set(reader)
-        state.withLock { $0.ready = true }
-        logger.info("connected; sharing the partitions", [("broker", .string("\(amqp.url)")), ("partitions", .int(partitions.count))])
-        var lastProbe = ContinuousClock.now
-        while !stopping {
-            try await Task.sleep(for: Self.heartbeatInterval)
-            guard connection.isOpen, !reader.hasEnded else {
-                throw AMQPError(.consumerCancelled, "the control connection or its status log reader ended")
-            }
-            try await heartbeat(probes)
-            if ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
-                try await reader.probe(publisher: probes)
-                lastProbe = .now
-            }
-            if await rebalance(replicas: noteHeartbeats(shared.log)) {
-                try await heartbeat(probes)  // at once: the others see the partition free
-            }
+        state.withLock { s in
+            s.ready = true
+            s.countChangedAt = Date()
         }
-        await reader.stop()
+        logger.info("connected; sharing the partitions", [("broker", .string("\(amqp.url)")), ("partitions", .int(partitions.count))])
+        defer { Task { await reader.stop() } }
+        // Heartbeats and the shares every 250 ms; the reader's probe apart
+        // (a slow probe must not stop the heartbeats, which the others read as this replica's death).
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                while !self.stopping {
+                    try await self.heartbeat(probes)
+                    try await Task.sleep(for: Self.heartbeatInterval)
+                    guard connection.isOpen, !reader.hasEnded else {
+                        throw AMQPError(.consumerCancelled, "the control connection or its status log reader ended")
+                    }
+                    if await self.rebalance(replicas: self.noteHeartbeats(shared.log)) {
+                        try await self.heartbeat(probes)  // at once: the others see the partition free
+                    }
+                }
+            }
+            group.addTask {
+                let probeChannel = try await connection.openChannel()
+                try await probeChannel.confirmSelect()
+                while !self.stopping {
+                    try await Task.sleep(for: StatusLogReader.probeInterval)
+                    try await reader.probe(publisher: probeChannel)
+                }
+            }
+            _ = try await group.next()
+            group.cancelAll()
+        }
     }
 
     private func heartbeat(_ channel: AMQPChannel) async throws {
@@ -183,6 +201,7 @@ final class SenderService: Service {
         let (count, claimed) = log.replicas(within: Self.heartbeatWindow, me: replicaID)
         let now = Date()
         state.withLock { s in
+            if s.replicas != max(1, count) { s.countChangedAt = now }
             s.replicas = max(1, count)
             for k in partitions.all {
                 if claimed.contains(k) {
@@ -235,11 +254,16 @@ final class SenderService: Service {
     private func rebalance(replicas: Int) async -> Bool {
         let now = Date()
         let release = state.withLock { s -> [(Int, AMQPConnection?)] in
+            // Settled: nothing changed here, and the replica count held, for a while.
             let give = balance.release(
-                led: s.led, replicas: s.replicas, sinceLastChange: now.timeIntervalSince(s.lastChange),
+                led: s.led, replicas: s.replicas,
+                sinceLastChange: min(now.timeIntervalSince(s.lastChange), now.timeIntervalSince(s.countChangedAt)),
                 sinceOverTake: now.timeIntervalSince(s.lastOverTake))
             for k in give { s.holdUntil[k] = now.addingTimeInterval(Self.releaseHold) }
-            if !give.isEmpty { s.lastChange = now }
+            if !give.isEmpty {
+                s.lastChange = now
+                s.led.subtract(give)  // the next heartbeat no longer claims them
+            }
             return give.map { ($0, s.connections[$0]) }
         }
         for (k, connection) in release {
@@ -317,7 +341,9 @@ final class SenderService: Service {
                 let may = state.withLock { s -> Bool in
                     let busy = s.led.count + s.trying.count
                     guard s.holdUntil[k].map({ now >= $0 }) ?? true,
-                        balance.mayTry(led: busy, replicas: s.replicas, unclaimedFor: s.unclaimedSince[k].map { now.timeIntervalSince($0) })
+                        balance.mayTry(
+                            led: busy, replicas: s.replicas, unclaimedFor: s.unclaimedSince[k].map { now.timeIntervalSince($0) },
+                            sinceOwnChange: s.trying.isEmpty ? now.timeIntervalSince(s.lastChange) : 0)
                     else { return false }
                     s.trying[k] = busy >= balance.share(replicas: s.replicas)
                     return true
@@ -381,7 +407,7 @@ final class SenderService: Service {
     /// Keeps the set of led partitions and the leader gauges.
     private func noteLeading(_ k: Int, _ leading: Bool) {
         let now = Date()
-        let count = state.withLock { s -> Int in
+        state.withLock { s in
             if leading {
                 // Taken beyond the share (a free partition nobody else took): kept a while.
                 if s.trying.removeValue(forKey: k) == true { s.lastOverTake = now }
@@ -390,10 +416,10 @@ final class SenderService: Service {
                 s.led.remove(k)
             }
             s.lastChange = now
-            return s.led.count
+            // Set under the lock: two slots changing at once must not leave the older count.
+            metrics.leader.set(s.led.isEmpty ? 0 : 1)
+            metrics.partitionsLed.set(Double(s.led.count))
         }
-        metrics.leader.set(count > 0 ? 1 : 0)
-        metrics.partitionsLed.set(Double(count))
     }
 
     /// How long a new term waits for a dead leader's last events to reach the

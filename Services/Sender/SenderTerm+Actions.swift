@@ -124,9 +124,9 @@ extension SenderTerm {
         let id = copy.record.id
         let expiresAt = RFC3339.parse(copy.record.expiresAt).map(StatusLog.seconds)
         let route = RoutingTable.Route(project: copy.project.id, target: copy.target.id)
-        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body, expiresAt: expiresAt, route: route, term: term)
+        statusLog.noteWaiting(id: id, copySeq: copy.lastSeq, body: body, expiresAt: expiresAt, route: route, writer: partition, term: term)
         var properties = AMQPProperties.persistentJSON(messageID: "\(id)/waiting/\(copy.lastSeq)", correlationID: id, type: StatusLog.waitingType)
-        var headers: FieldTable = [StatusLog.routeHeader: .string("\(route.project).\(route.target)")]
+        var headers: FieldTable = [StatusLog.routeHeader: .string("\(route.project).\(route.target)"), StatusLog.writerHeader: .int64(Int64(partition))]
         if let expiresAt { headers[StatusLog.expiresAtHeader] = .int64(Int64(expiresAt)) }
         properties.headers = headers
         return OutboundMessage(exchange: "", routingKey: SenderTopology.statusLog, body: body, properties: properties.stamped(by: login))

@@ -38,7 +38,9 @@ extension SenderTerm {
             // Another partition's replies were passed on by partition 0's leader.
             if partition != 0, !copyWriters.wrote(d) { return try rejectForged(d, SenderTopology.replies(partition), copyWriters) }
             switch AgentReply.classify(type: d.properties.type, body: d.body) {
-            case .success(let reply) where passesOn && held[reply.dispatchId] == nil:
+            case .success(let reply)
+            where passesOn && held[reply.dispatchId] == nil && !(copyWriters.wrote(d) && d.properties.headers?[Self.hopsHeader] != nil):
+                // (One passed back here by another partition is not passed on again: ignored below.)
                 return placeReply(d, reply.dispatchId, now: now)
             case .success(let reply)
             where partition != 0 && held[reply.dispatchId] == nil && d.properties.headers?[Self.hopsHeader] == nil:
@@ -149,6 +151,15 @@ extension SenderTerm {
     ) async throws {
         guard let copy = try? ParkedDispatch(jsonData: d.body) else { return try d.ack() }
         let id = copy.record.id
+        // With several partitions: events published since this copy, by another
+        // partition, mean that partition took the dispatch up (a copy whose
+        // waiting record was cut off with its leader's connection): dropped.
+        if partitions.count > 1, held[id] == nil, let known = statusLog.knowledge(id, term: term),
+            let k = known.partition, k != partition, known.lastSeq > copy.lastSeq
+        {
+            logger.info("a copy of a dispatch another partition took up dropped", [("dispatch_id", .string(id)), ("partition", .int(k))])
+            return try d.ack()
+        }
         let outcome = SenderDecisions.surfaced(
             copy, wait, queueRoute: queueRoute, deliveryCount: deliveryCount(d), known: statusLog.knowledge(id, term: term), held: held[id] != nil,
             pending: &pendingCommands, target: targets(window), parts: table.eventParts, policy: policy, now: now,
@@ -200,50 +211,83 @@ extension SenderTerm {
             return try d.ack()
         }
         defer { pendingAcks.append(d) }
-        // Passed on by another partition (once at most): see `apply`.
-        let passedOn = d.properties.headers?[Self.hopsHeader] != nil && copyWriters.wrote(d)
-        try await apply(command, now: now, passedOn: passedOn)
+        // Passed on by another partition (the one that moved the dispatch): see `apply`.
+        var passedOn: PassedOn?
+        if copyWriters.wrote(d), case .int64(let hops)? = d.properties.headers?[Self.hopsHeader] {
+            let seen = d.properties.headers?[Self.seenCopyHeader]?.intValue ?? 0
+            passedOn = PassedOn(hops: Int(clamping: hops), seenCopySeq: Int(clamping: seen))
+        }
+        let settled = try await apply(command, now: now, passedOn: passedOn)
+        // Not settled here yet: looked at again each tick for a while (a
+        // dispatch moved here by another partition shows in the log a moment
+        // after the move). At most `maxRecentCommands`: a flood of commands
+        // for unknown ids costs no more each tick.
+        if !settled, partitions.count > 1, recentCommands.count < Self.maxRecentCommands {
+            recentCommands.append((command, now, passedOn))
+        }
     }
 
-    /// The header on a command one partition passed on to another.
+    /// The headers on a command one partition passed on to another: how many
+    /// times it was passed on, and the seq of the waiting copy the passing
+    /// partition saw (a reroute acts only on that copy).
     static let hopsHeader = "x-frontdesk-hops"
+    static let seenCopyHeader = "x-frontdesk-seen-copy"
+    /// A cancel may follow its dispatch through this many moves; a reroute is passed on once.
+    static let maxCancelHops = 4
 
-    /// Carries out a command where the decisions say it acts. `passedOn`: it
-    /// came from another partition, which saw the dispatch here. `lookingAgain`:
-    /// one remembered a moment ago, not remembered a second time.
-    func apply(_ command: SenderCommand, now: Date, passedOn: Bool = false, lookingAgain: Bool = false) async throws {
+    struct PassedOn: Sendable {
+        var hops: Int
+        var seenCopySeq: Int
+    }
+
+    /// Carries out a command where the decisions say it acts, and says whether
+    /// it is settled here (acted on, passed on, or nothing to do); one not
+    /// settled is looked at again (`lookingAgain`). With several partitions,
+    /// of those that know the dispatch waits elsewhere only the one that moved
+    /// it there (the writer of its current copy) passes the command on: the
+    /// new partition may have taken the command before the move.
+    @discardableResult
+    func apply(_ command: SenderCommand, now: Date, passedOn: PassedOn? = nil, lookingAgain: Bool = false) async throws -> Bool {
         let id = command.id
+        let known = statusLog.knowledge(id, term: term)
+        if case .reroute = command, let passedOn, held[id] == nil {
+            let copySeq = known?.copySeq ?? 0
+            if copySeq > passedOn.seenCopySeq { return true }  // moved on since: the reroute was for an older copy
+            if copySeq < passedOn.seenCopySeq { return false }  // this log is behind: look again
+        }
         let outcome = SenderDecisions.command(
-            command, known: statusLog.knowledge(id, term: term), held: held[id] != nil, policy: policy,
+            command, known: known, held: held[id] != nil, policy: policy,
             partition: partition, partitionOf: partitions.partition(of:), sameRouteIsNoOp: partitions.count > 1)
         switch outcome {
-        case .ignore: return
-        case .elsewhere(let k) where !passedOn && !lookingAgain:
-            // It waits in (or was last seen by) partition k: that partition has
-            // the command too, but may have taken it before the dispatch moved
-            // there. Passed on once, with what it caused confirmed first.
-            metrics.commands.increment("passed_on")
-            pendingMessages.append(OutboundMessage(
-                exchange: "", routingKey: SenderTopology.inbox(k), body: command.jsonData(),
-                properties: .persistentJSON(messageID: "\(id)/\(command.type)", correlationID: id, type: command.type)
-                    .with(headers: [Self.hopsHeader: .int64(1)]).stamped(by: login),
-                mandatory: true))
-            return
-        case .remember, .elsewhere:
-            if lookingAgain { return }
-            // Looked at again each tick for a while: a dispatch moved here by
-            // another partition shows in the log a moment after the move.
-            // (At most `maxRecentCommands`: a flood of commands for unknown ids costs no more each tick.)
-            if partitions.count > 1, recentCommands.count < Self.maxRecentCommands {
-                recentCommands.append((command, now, passedOn))
+        case .ignore: return true
+        case .elsewhere(let k):
+            let hops = passedOn?.hops ?? 0
+            let isCancel = if case .cancel = command { true } else { false }
+            if let known, known.copyWriter == partition, isCancel ? hops < Self.maxCancelHops : hops == 0 {
+                metrics.commands.increment("passed_on")
+                pendingMessages.append(OutboundMessage(
+                    exchange: "", routingKey: SenderTopology.inbox(k), body: command.jsonData(),
+                    properties: .persistentJSON(messageID: "\(id)/\(command.type)", correlationID: id, type: command.type)
+                        .with(headers: [Self.hopsHeader: .int64(Int64(hops + 1)), Self.seenCopyHeader: .int64(Int64(known.copySeq))])
+                        .stamped(by: login),
+                    mandatory: true))
+                return true
             }
-            return remember(command, persist: true)
+            // A cancel passed on here, with this log behind: look again.
+            return !(isCancel && passedOn != nil)
+        case .remember:
+            if lookingAgain { return false }
+            // A passed-on reroute is not kept beyond the look-again: applied
+            // later, it could undo a newer reroute.
+            if case .reroute = command, passedOn != nil { return false }
+            remember(command, persist: true)
+            return false
         case .actOnCopy(let machine):
             // Held from here on without a lease of its own.
             held[id] = Held(machine: machine, lease: nil)
         case .applyToHeld: break
         }
-        guard var h = held[id] else { return }
+        guard var h = held[id] else { return true }
         var actions: [DispatchMachine.Action] = []
         switch command {
         case .cancel(_, let reason):
@@ -261,8 +305,12 @@ extension SenderTerm {
             }
         }
         held[id] = h
-        if actions.isEmpty, h.lease == nil { return held[id] = nil }
+        if actions.isEmpty, h.lease == nil {
+            held[id] = nil
+            return true
+        }
         try await execute(actions, id: id)
+        return true
     }
 
     /// Keeps a command for a dispatch not seen yet; `persist` also appends
@@ -320,8 +368,10 @@ extension SenderTerm {
             passOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType)
         case .some:
             pendingAcks.append(d)  // this partition's, not held: a late or repeated reply, ignored
-        case nil:
+        case nil where heldReplies.count < Self.maxHeldReplies:
             heldReplies[id] = (now, [d])
+        case nil:
+            pendingAcks.append(d)  // past the cap: a flood of replies for unknown dispatches is dropped, not held
         }
     }
 
@@ -378,6 +428,8 @@ extension SenderTerm {
 
     /// How long held replies wait for their marker before going to every partition.
     static let replyMarkerTimeout: TimeInterval = 5
+    /// At most this many dispatches' replies are held at once.
+    static let maxHeldReplies = 500
 
     /// Commands remembered in the last `recentCommandWindow` (a minute for
     /// one passed on by another partition), decided again: a dispatch another
@@ -389,19 +441,12 @@ extension SenderTerm {
 
     func lookAgainAtRecentCommands(now: Date) async throws {
         let recent = recentCommands.filter {
-            now.timeIntervalSince($0.at) < ($0.passedOn ? Self.passedOnCommandWindow : Self.recentCommandWindow)
+            now.timeIntervalSince($0.at) < ($0.passedOn != nil ? Self.passedOnCommandWindow : Self.recentCommandWindow)
         }
         recentCommands = []
         for entry in recent where held[entry.command.id] == nil {
-            let known = statusLog.knowledge(entry.command.id, term: term)
-            switch SenderDecisions.command(
-                entry.command, known: known, held: false, policy: policy,
-                partition: partition, partitionOf: partitions.partition(of:), sameRouteIsNoOp: true)
-            {
-            case .remember: recentCommands.append(entry)  // still nothing known here
-            case .elsewhere: if entry.passedOn { recentCommands.append(entry) }  // it was seen here by the partition that passed it on
-            case .ignore: continue  // ended
-            case .actOnCopy, .applyToHeld: try await apply(entry.command, now: now, passedOn: entry.passedOn, lookingAgain: true)
+            if try await !apply(entry.command, now: now, passedOn: entry.passedOn, lookingAgain: true) {
+                recentCommands.append(entry)
             }
         }
     }

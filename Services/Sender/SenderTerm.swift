@@ -101,7 +101,7 @@ final class SenderTerm {
     /// Commands remembered lately: looked at again each tick, as a dispatch
     /// moved here by another partition's reroute may show up in the log a
     /// moment after its command.
-    var recentCommands: [(command: SenderCommand, at: Date, passedOn: Bool)] = []
+    var recentCommands: [(command: SenderCommand, at: Date, passedOn: PassedOn?)] = []
     let policy: RetryPolicy
     let logger: Logger
     let metrics: SenderMetrics
@@ -201,6 +201,7 @@ final class SenderTerm {
         forwarders.append(Task { [feed] in await SenderTerm.tick(feed) })
         defer {
             if let pending = replyMarker { statusLog.giveUp(marker: pending.marker) }
+            statusLog.dropTentatives(term: term)
             for f in forwarders { f.cancel() }
             // A term that ended leads nothing: its per-target figures go to 0.
             for route in routes {

@@ -31,6 +31,8 @@ final class StatusLog: Sendable {
         /// Its partition + 1, from the route of its latest event or waiting
         /// record (0: not known yet): where a reply for it goes.
         var partitionPlusOne: UInt8 = 0
+        /// The partition + 1 that wrote its current waiting copy (0: not known).
+        var copyWriterPlusOne: UInt8 = 0
         /// The seq of the dispatch's current waiting copy (park or delay
         /// queue): a copy that surfaces with a lower seq was superseded (by a
         /// reroute, or a newer wait) and is dropped.
@@ -48,6 +50,7 @@ final class StatusLog: Sendable {
         var copySeq: Int32
         var body: Data
         var partitionPlusOne: UInt8
+        var writerPlusOne: UInt8
     }
 
     fileprivate struct State {
@@ -137,12 +140,24 @@ final class StatusLog: Sendable {
         return partitionPlusOne(RoutingTable.Route(project: String(parts[1]), target: String(parts[2])))
     }
 
-    /// The partition of dispatch `id` as this replica last saw it, if known.
+    /// The partition of dispatch `id` as this replica last saw it
+    /// (confirmed: a dying term's unconfirmed move does not count), if known.
     func partition(of id: String) -> Int? {
         state.withLock { s in
-            let p = s.tentative[id]?.partitionPlusOne ?? s.entries[id]?.partitionPlusOne ?? 0
+            let p = s.entries[id]?.partitionPlusOne ?? 0
             return p == 0 ? nil : Int(p) - 1
         }
+    }
+
+    /// Forgets the unconfirmed notes of a term that ended.
+    func dropTentatives(term: UInt32) {
+        state.withLock { s in s.tentative = s.tentative.filter { $0.value.term != term } }
+    }
+
+    /// Forgets the heartbeats read so far: a new reader replays old ones
+    /// (of replicas long gone) before it reaches the log's end.
+    func clearHeartbeats() {
+        state.withLock { $0.heartbeats = [:] }
     }
 
     /// What is known of a dispatch, for the decisions of term `term`.
@@ -152,15 +167,18 @@ final class StatusLog: Sendable {
             var copySeq = e.copySeq
             var body = s.waiting[id]
             var partition = e.partitionPlusOne
+            var writer = e.copyWriterPlusOne
             if let t = s.tentative[id], t.term == term, t.copySeq >= copySeq {
                 copySeq = t.copySeq
                 body = t.body
                 partition = t.partitionPlusOne
+                writer = t.writerPlusOne
             }
             let ended = e.ended(term: term)
             return DispatchKnowledge(
                 lastSeq: Int(e.lastSeq), copySeq: Int(copySeq), ended: ended, accepted: e.acceptedBy == term,
-                waitingBody: ended ? nil : body, partition: partition == 0 ? nil : Int(partition) - 1)
+                waitingBody: ended ? nil : body, partition: partition == 0 ? nil : Int(partition) - 1,
+                copyWriter: writer == 0 ? nil : Int(writer) - 1)
         }
     }
 
@@ -169,7 +187,9 @@ final class StatusLog: Sendable {
     /// confirmed), or confirmed (`term` nil: by the confirm, or read back
     /// from the log, where id and seq come from the record's properties: no
     /// JSON is parsed).
-    func noteWaiting(id: String, copySeq: Int, body: Data, expiresAt: UInt32?, route: RoutingTable.Route?, term: UInt32? = nil) {
+    func noteWaiting(
+        id: String, copySeq: Int, body: Data, expiresAt: UInt32?, route: RoutingTable.Route?, writer: Int? = nil, term: UInt32? = nil
+    ) {
         let seq = Int32(clamping: copySeq)
         let now = Self.now
         // A record without its lifetime or route (written by an older sender) is read for them.
@@ -180,6 +200,7 @@ final class StatusLog: Sendable {
             route = route ?? copy.route
         }
         let partition = partitionPlusOne(route)
+        let writerPlusOne = writer.map { UInt8(clamping: $0 + 1) } ?? 0
         state.withLock { s in
             var e = s.entries[id] ?? Entry()
             e.seenAt = now
@@ -187,10 +208,11 @@ final class StatusLog: Sendable {
             guard !e.terminal, seq >= e.copySeq else { return }
             if let term {
                 guard e.finishedBy != term, seq >= s.tentative[id].map({ $0.term == term ? $0.copySeq : 0 }) ?? 0 else { return }
-                s.tentative[id] = Tentative(term: term, copySeq: seq, body: body, partitionPlusOne: partition)
+                s.tentative[id] = Tentative(term: term, copySeq: seq, body: body, partitionPlusOne: partition, writerPlusOne: writerPlusOne)
                 return
             }
             e.copySeq = seq
+            e.copyWriterPlusOne = writerPlusOne
             if partition != 0 { e.partitionPlusOne = partition }
             s.entries[id] = e
             s.waiting[id] = body
@@ -212,7 +234,9 @@ final class StatusLog: Sendable {
         if case .string(let r)? = properties.headers?[Self.routeHeader], let dot = r.firstIndex(of: ".") {
             route = RoutingTable.Route(project: String(r[..<dot]), target: String(r[r.index(after: dot)...]))
         }
-        noteWaiting(id: id, copySeq: seq, body: body, expiresAt: expiresAt, route: route)
+        var writer: Int?
+        if case .int64(let w)? = properties.headers?[Self.writerHeader], (0..<Int64(SenderPartitions.maxCount)).contains(w) { writer = Int(w) }
+        noteWaiting(id: id, copySeq: seq, body: body, expiresAt: expiresAt, route: route, writer: writer)
     }
 
     /// Seconds since 1970, rounded up (an expiry is never due early) and
@@ -240,6 +264,8 @@ final class StatusLog: Sendable {
     static let expiresAtHeader = "x-frontdesk-expires-at"
     /// The header on a waiting record that carries the copy's route, `<project>.<target>`.
     static let routeHeader = "x-frontdesk-route"
+    /// The header on a waiting record that carries the partition that wrote it.
+    static let writerHeader = "x-frontdesk-writer"
 
     /// When the reader last took a message (seconds since 1970): a wait for a
     /// marker gives up only once the reader stops making progress.

@@ -19,6 +19,8 @@ public struct DispatchKnowledge: Sendable, Equatable {
     public var waitingBody: Data?
     /// The partition it was last seen in (its latest event's or copy's route), with several.
     public var partition: Int?
+    /// The partition that wrote its current waiting copy (the one that moved it, after a reroute).
+    public var copyWriter: Int?
 
     /// The current waiting copy, decoded.
     public var waiting: ParkedDispatch? {
@@ -34,13 +36,14 @@ public struct DispatchKnowledge: Sendable, Equatable {
         self.waitingBody = waiting?.jsonData()
     }
 
-    public init(lastSeq: Int, copySeq: Int, ended: Bool, accepted: Bool, waitingBody: Data?, partition: Int? = nil) {
+    public init(lastSeq: Int, copySeq: Int, ended: Bool, accepted: Bool, waitingBody: Data?, partition: Int? = nil, copyWriter: Int? = nil) {
         self.lastSeq = lastSeq
         self.copySeq = copySeq
         self.ended = ended
         self.accepted = accepted
         self.waitingBody = waitingBody
         self.partition = partition
+        self.copyWriter = copyWriter
     }
 }
 

@@ -75,10 +75,14 @@ public struct PartitionBalance: Sendable, Equatable {
 
     /// Whether a replica leading (or trying for) `led` partitions may try
     /// for one that no other replica's heartbeat has claimed for
-    /// `unclaimedFor` seconds (nil: one claims it now).
-    public func mayTry(led: Int, replicas: Int, unclaimedFor: TimeInterval?) -> Bool {
+    /// `unclaimedFor` seconds (nil: one claims it now). Beyond its share only
+    /// once that partition, and the replica itself (`sinceOwnChange`: since
+    /// it last took or gave up one; 0 while another of its slots tries), have
+    /// been still for `overShareWait`: replicas that start together each take
+    /// their share first.
+    public func mayTry(led: Int, replicas: Int, unclaimedFor: TimeInterval?, sinceOwnChange: TimeInterval = .infinity) -> Bool {
         guard let unclaimedFor else { return false }
-        return led < share(replicas: replicas) || unclaimedFor >= Self.overShareWait
+        return led < share(replicas: replicas) || min(unclaimedFor, sinceOwnChange) >= Self.overShareWait
     }
 
     /// The partitions a replica should give up now: the highest it leads

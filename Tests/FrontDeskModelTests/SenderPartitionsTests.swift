@@ -55,6 +55,9 @@ struct SenderPartitionsTests {
         #expect(b.mayTry(led: 1, replicas: 2, unclaimedFor: 0))
         #expect(!b.mayTry(led: 2, replicas: 2, unclaimedFor: 0.2))
         #expect(b.mayTry(led: 2, replicas: 2, unclaimedFor: PartitionBalance.overShareWait))
+        // Beyond its share, not while it has just taken one (or another slot of it tries).
+        #expect(!b.mayTry(led: 2, replicas: 2, unclaimedFor: 5, sinceOwnChange: 0))
+        #expect(b.mayTry(led: 2, replicas: 2, unclaimedFor: 5, sinceOwnChange: PartitionBalance.overShareWait))
     }
 
     /// Four replicas, joining one by one, each deciding on its own: the

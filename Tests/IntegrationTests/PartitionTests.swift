@@ -131,6 +131,7 @@ extension BrokerIntegration {
                             events.contains { $0["dispatchId"] as? String == id && ($0["target"] as? [String: Any])?["id"] as? String == "legal" }
                         }
                         #expect(ContinuousClock.now - sent < .seconds(1))
+                        // The cancel's instant varies (a stimulus, not a wait for a condition).
                         try await Task.sleep(for: .milliseconds(300 * (round - 1)))
                     }
                     try await h.publish("dispatch.cancel", #"{"id":"\#(id)","reason":"user"}"#)
@@ -140,19 +141,47 @@ extension BrokerIntegration {
                     #expect(at - confirmed < .seconds(1), "\(id) cancelled \(at - confirmed) after the cancel")
                     #expect(after.filter { $0["dispatchId"] as? String == id && RouterHarness.terminal.contains($0["state"] as? String ?? "") }.count == 1)
                 }
+                // Rerouted to another partition and back: the last reroute holds (a
+                // copy of the first, passed on between partitions, must not undo it).
+                try await h.publish("dispatch.request", #"{"id":"pr-back","input":"the agm agenda"}"#)
+                _ = try await h.events(until: "pr-back", reaches: "queued")
+                func queuedAt(_ target: String) async throws {
+                    _ = try await h.events("pr-back queued at \(target)", within: .seconds(5)) { events in
+                        events.last { $0["dispatchId"] as? String == "pr-back" }.map {
+                            $0["state"] as? String == "queued" && ($0["target"] as? [String: Any])?["id"] as? String == target
+                        } ?? false
+                    }
+                }
+                try await h.publish("dispatch.reroute", #"{"id":"pr-back","project":"acme","target":"legal"}"#)
+                try await queuedAt("legal")
+                try await h.publish("dispatch.reroute", #"{"id":"pr-back","project":"yemaya","target":"board-prep"}"#)
+                try await queuedAt("board-prep")
+                // Every copy of the two reroutes taken (each partition's inbox empty): still at board-prep.
+                try await h.waitUntil("every partition's inbox is empty") {
+                    var total: UInt32 = 0
+                    for k in 0..<4 { total += try await h.messages(k == 0 ? "frontdesk.sender.inbox" : "frontdesk.sender.inbox.\(k)") }
+                    return total == 0
+                }
+                let all = RouterHarness.decode(h.statusEvents.since(0).0.map(\.delivery))
+                let last = all.last { $0["dispatchId"] as? String == "pr-back" }
+                #expect(last?["state"] as? String == "queued" && (last?["target"] as? [String: Any])?["id"] as? String == "board-prep")
+
                 // A dispatch to legal replies through partition 0's pass-on; the cancelled copies reach no agent.
                 let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
                 let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
                 try await h.publish("dispatch.request", #"{"id":"pr-live","input":"the contract","project":"acme","target":"legal"}"#)
-                let events = try await h.events(untilEnded: "pr-live")
+                let events = try await h.events(untilEnded: "pr-live", "pr-back")
                 #expect(events.last { $0["dispatchId"] as? String == "pr-live" }?["state"] as? String == "replied")
+                let back = events.filter { $0["dispatchId"] as? String == "pr-back" }
+                #expect(back.last?["state"] as? String == "replied" && (back.last?["target"] as? [String: Any])?["id"] as? String == "board-prep")
+                #expect(back.filter { RouterHarness.terminal.contains($0["state"] as? String ?? "") }.count == 1)
                 try await h.waitUntil("the park queues are empty") {
                     let legalParked = try await h.messages("frontdesk.sender.park.acme.legal")
                     let boardParked = try await h.messages("frontdesk.sender.park.yemaya.board-prep")
                     return legalParked == 0 && boardParked == 0
                 }
                 #expect(await legal.tasks.all.compactMap(\.properties.correlationID) == ["pr-live"])
-                #expect(await board.tasks.all.isEmpty)
+                #expect(await board.tasks.all.compactMap(\.properties.correlationID) == ["pr-back"])
                 // Only the leader of partition 0 consumes the contract's reply queue.
                 #expect(try await h.consumers("frontdesk.replies") == 1)
                 await legal.stop()
