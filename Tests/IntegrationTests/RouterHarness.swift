@@ -221,6 +221,21 @@ final class RouterHarness: @unchecked Sendable {
     }
 
     func start(_ executable: String, extraEnvironment: [String: String], waitUntilReady: Bool = true) async throws -> Process {
+        // A random probe port may be taken (a broker's distribution port is in
+        // the range): a process that exits before it is ready is started
+        // again on another port, and its exit is said.
+        for attempt in 1...3 {
+            let (p, exited) = try await startOnce(executable, extraEnvironment: extraEnvironment, waitUntilReady: waitUntilReady)
+            guard exited else { return p }
+            FileHandle.standardError.write(Data(
+                "harness: \(executable) exited with status \(p.terminationStatus) before it was ready (attempt \(attempt))\n".utf8))
+        }
+        throw AMQPError(.timeout, "\(executable) exited three times before it was ready")
+    }
+
+    private func startOnce(
+        _ executable: String, extraEnvironment: [String: String], waitUntilReady: Bool
+    ) async throws -> (Process, exited: Bool) {
         let p = Process()
         p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent(executable)
         // Below the ephemeral range (32768 and up), where outgoing connections take their ports.
@@ -247,10 +262,11 @@ final class RouterHarness: @unchecked Sendable {
             $0.processes.append(p)
             $0.ports[p.processIdentifier] = port
         }
-        if !waitUntilReady { return p }
+        if !waitUntilReady { return (p, false) }
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
-            if (try? await probe(port: port, path: "/readyz")) == 200 { return p }
+            if (try? await probe(port: port, path: "/readyz")) == 200 { return (p, false) }
+            if !p.isRunning { return (p, true) }
             try await Task.sleep(for: .milliseconds(100))
         }
         throw AMQPError(.timeout, "\(executable) did not become ready")
