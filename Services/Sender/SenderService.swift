@@ -14,7 +14,7 @@ import Synchronization
 /// With the work split into partitions (FRONTDESK_SENDER_PARTITIONS > 1),
 /// each partition has a lock of its own and a slot in every replica that
 /// runs its terms; the replicas share the partitions (`PartitionBalance`,
-/// counting each other as the consumers of `frontdesk.sender.members`), and
+/// counting each other by their heartbeats in the status log), and
 /// one status log reader per replica, reading on while its terms lead, lets
 /// each partition see what the others published (a reroute moves a dispatch
 /// to another partition).
@@ -107,8 +107,8 @@ final class SenderService: Service {
     /// With several partitions: the replica's control connection, for as
     /// long as the service runs: the topology, the status log reader (the
     /// slots try for partitions only once it has read the log to its end),
-    /// a heartbeat a second in the log, and from the heartbeats read, the
-    /// replica count that decides each replica's share.
+    /// a heartbeat every `heartbeatInterval` in the log, and from the
+    /// heartbeats read, the replica count that decides each replica's share.
     private func control(_ shared: SharedStatusLog) async {
         let backoff = Backoff(baseMs: 200, maxMs: 5000)
         var failures = 0
@@ -309,8 +309,11 @@ final class SenderService: Service {
         // consumer can hang without a cancel when its stream member restarts):
         // a probe marker every `probeInterval`, read back within it, or the term ends.
         // (The shared reader is probed by the replica's control loop.)
-        let probes = try await connection.openChannel()
-        try await probes.confirmSelect()
+        var probes: AMQPChannel?
+        if shared == nil {
+            probes = try await connection.openChannel()
+            try await probes?.confirmSelect()
+        }
         var lastProbe = ContinuousClock.now
         // Leadership: holding the exclusive queue frontdesk.sender.lock. Only
         // one connection at a time can declare it; the broker deletes it when
@@ -322,7 +325,7 @@ final class SenderService: Service {
         var leadership: AMQPConsumer?
         while leadership == nil {
             if stopping || !connection.isOpen || Task.isCancelled { return }
-            if shared == nil, let logReader, ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
+            if let probes, let logReader, ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
                 try await logReader.probe(publisher: probes)
                 lastProbe = .now
             }
@@ -368,7 +371,7 @@ final class SenderService: Service {
         // on, end the term at once (closing the connection returns every
         // lease), so that two senders never publish for the same dispatches.
         let leader = leadership!
-        await probes.close()
+        await probes?.close()
         let watch = Task { [logger] in
             // (A message put into the lock by name is acked: unacked, it would
             // trip the consumer timeout and end the term after 30 minutes.)

@@ -48,9 +48,8 @@ extension SenderTerm {
                 // dispatch moved on, here or from here): once more, to the
                 // partition this replica's log names.
                 if let k = statusLog.partition(of: reply.dispatchId), k != partition {
-                    var copy = passedOn(d, to: SenderTopology.replies(k), id: reply.dispatchId, type: Self.passedOnReplyType)
-                    copy.properties.headers = [Self.hopsHeader: .int64(1)]
-                    pendingMessages.append(copy)
+                    pendingMessages.append(passedOn(
+                        d, to: SenderTopology.replies(k), id: reply.dispatchId, type: Self.passedOnReplyType, headers: [Self.hopsHeader: .int64(1)]))
                 }
             case .success(let reply):
                 // A reply for a dispatch this term does not hold (finished, or
@@ -350,11 +349,10 @@ extension SenderTerm {
     }
 
     /// A copy of `d` for `queue`: its body, with properties of our own.
-    func passedOn(_ d: AMQPDelivery, to queue: String, id: String, type: String) -> OutboundMessage {
-        OutboundMessage(
-            exchange: "", routingKey: queue, body: d.body,
-            properties: .persistentJSON(messageID: "\(id)/passed-on", correlationID: id, type: type).stamped(by: login),
-            mandatory: true)
+    func passedOn(_ d: AMQPDelivery, to queue: String, id: String, type: String, headers: FieldTable? = nil) -> OutboundMessage {
+        var properties = AMQPProperties.persistentJSON(messageID: "\(id)/passed-on", correlationID: id, type: type)
+        properties.headers = headers
+        return OutboundMessage(exchange: "", routingKey: queue, body: d.body, properties: properties.stamped(by: login), mandatory: true)
     }
 
     /// A reply for a dispatch this term does not hold: to its partition as
