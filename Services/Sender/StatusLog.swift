@@ -217,7 +217,7 @@ final class StatusLog: Sendable {
             s.entries[id] = e
             s.waiting[id] = body
             if let t = s.tentative[id], t.copySeq <= seq { s.tentative[id] = nil }
-            for k in s.expiries.keys where k != partition { s.expiries[k]?[id] = nil }
+            for k in Array(s.expiries.keys) where k != partition { s.expiries[k]?[id] = nil }
             s.expiries[partition, default: [:]][id] = expiry
         }
     }
@@ -386,7 +386,7 @@ final class StatusLog: Sendable {
             s.entries = s.entries.filter { $0.value.seenAt > horizon }
             s.waiting = s.waiting.filter { s.entries[$0.key] != nil }
             s.tentative = s.tentative.filter { s.entries[$0.key] != nil }
-            for k in s.expiries.keys { s.expiries[k] = s.expiries[k]?.filter { s.entries[$0.key] != nil } }
+            for k in Array(s.expiries.keys) { s.expiries[k] = s.expiries[k]?.filter { s.entries[$0.key] != nil } }
         }
     }
 }
@@ -395,6 +395,8 @@ extension StatusLog.State {
     fileprivate mutating func stopWaiting(_ id: String) {
         waiting[id] = nil
         tentative[id] = nil
-        for k in expiries.keys { expiries[k]?[id] = nil }
+        // Over a copy of the keys: iterating the dictionary's own keys while
+        // editing it copies each inner dictionary whole (O(n) a call).
+        for k in Array(expiries.keys) { expiries[k]?[id] = nil }
     }
 }

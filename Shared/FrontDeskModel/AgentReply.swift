@@ -57,39 +57,46 @@ public struct AgentReply: Sendable, Equatable {
 
     /// An integer JSON number within `range`, else nil (never traps: a
     /// number too large for Int, or a fraction, is simply no such integer).
-    private static func integer(_ value: Any?, in range: ClosedRange<Int>) -> Int? {
-        guard let n = value as? NSNumber else { return nil }
-        let d = n.doubleValue
-        guard d.isFinite, d.rounded() == d, d >= Double(range.lowerBound), d <= Double(range.upperBound) else { return nil }
+    private static func integer(_ value: JSONValue?, in range: ClosedRange<Int>) -> Int? {
+        guard case .number(let d)? = value, d.rounded() == d, d >= Double(range.lowerBound), d <= Double(range.upperBound)
+        else { return nil }
         return Int(d)
     }
 
-    /// Parses a reply body, or says why it is none.
+    private static func string(_ value: JSONValue?) -> String? {
+        if case .string(let s)? = value { s } else { nil }
+    }
+
+    /// Parses a reply body, or says why it is none. With the project's own
+    /// strict reader (UTF-8, nesting ≤ `JSONReader.maxDepth`): this runs for
+    /// every reply, and Foundation's JSONSerialization was most of its cost.
+    /// Optional fields of the wrong type are ignored, as before.
     public static func classify(_ body: Data) -> Result<AgentReply, Rejection> {
         func invalid(_ reason: String) -> Result<AgentReply, Rejection> { .failure(Rejection(code: .invalidRequest, reason: reason)) }
         if body.count > maxBodyBytes {
             return .failure(Rejection(code: .tooLarge, reason: "the reply is \(body.count) bytes; the limit is \(maxBodyBytes)"))
         }
-        guard let o = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] else {
+        guard case .object(let o)? = try? JSONReader.parse(body) else {
             return .failure(Rejection(code: .invalidJSON, reason: "the reply is not a JSON object"))
         }
-        guard let id = o["dispatchId"] as? String, Identifiers.isValidDispatchID(id) else {
+        guard let id = string(o["dispatchId"]), Identifiers.isValidDispatchID(id) else {
             return invalid("the reply has no valid dispatchId (1–128 of A–Z a–z 0–9 . _ : -)")
         }
         guard let attempt = integer(o["attempt"], in: 1...maxAttempt) else {
             return invalid("the reply's attempt must be a number from 1")
         }
-        guard let kindText = o["kind"] as? String, let kind = Kind(rawValue: kindText) else {
+        guard let kindText = string(o["kind"]), let kind = Kind(rawValue: kindText) else {
             return invalid("the reply's kind must be accepted, progress, final or error")
         }
         var error: StatusEvent.ErrorInfo? = nil
-        if let e = o["error"] as? [String: Any] {
-            error = .init(code: (e["code"] as? String) ?? "agent_error", message: (e["message"] as? String) ?? "")
+        if case .object(let e)? = o["error"] {
+            error = .init(code: string(e["code"]) ?? "agent_error", message: string(e["message"]) ?? "")
         }
-        let eta = integer(o["etaMs"], in: 0...maxEtaMs)
+        var retryable = false
+        if case .bool(let b)? = o["retryable"] { retryable = b }
         return .success(AgentReply(
-            dispatchId: id, attempt: attempt, kind: kind, text: o["text"] as? String, activity: o["activity"] as? String,
-            etaMs: eta, error: error, retryable: (o["retryable"] as? Bool) ?? false))
+            dispatchId: id, attempt: attempt, kind: kind, text: string(o["text"]), activity: string(o["activity"]),
+            etaMs: integer(o["etaMs"], in: 0...maxEtaMs), error: error, retryable: retryable))
     }
 
     /// The last ≤ 3 non-empty lines of a reply, for the preview.

@@ -114,25 +114,37 @@ public struct JSONWriter: Sendable {
         }
     }
 
+    /// Copies each run of bytes that needs no escape whole (one memcpy for
+    /// the common string with none), escaping only `"`, `\` and controls.
     private mutating func string(_ value: String) {
         bytes.append(UInt8(ascii: "\""))
-        for byte in value.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""): bytes.append(contentsOf: [0x5C, 0x22])
-            case UInt8(ascii: "\\"): bytes.append(contentsOf: [0x5C, 0x5C])
-            case 0x0A: bytes.append(contentsOf: [0x5C, UInt8(ascii: "n")])
-            case 0x0D: bytes.append(contentsOf: [0x5C, UInt8(ascii: "r")])
-            case 0x09: bytes.append(contentsOf: [0x5C, UInt8(ascii: "t")])
-            case 0x08: bytes.append(contentsOf: [0x5C, UInt8(ascii: "b")])
-            case 0x0C: bytes.append(contentsOf: [0x5C, UInt8(ascii: "f")])
-            case 0x00..<0x20:
-                bytes.append(contentsOf: "\\u00".utf8)
-                bytes.append(Self.hex[Int(byte >> 4)])
-                bytes.append(Self.hex[Int(byte & 0xF)])
-            default: bytes.append(byte)
+        var value = value
+        value.withUTF8 { utf8 in
+            var run = 0
+            for (i, byte) in utf8.enumerated() where byte < 0x20 || byte == 0x22 || byte == 0x5C {
+                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[run..<i]))
+                escape(byte)
+                run = i + 1
             }
+            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[run...]))
         }
         bytes.append(UInt8(ascii: "\""))
+    }
+
+    private mutating func escape(_ byte: UInt8) {
+        switch byte {
+        case UInt8(ascii: "\""): bytes.append(contentsOf: [0x5C, 0x22])
+        case UInt8(ascii: "\\"): bytes.append(contentsOf: [0x5C, 0x5C])
+        case 0x0A: bytes.append(contentsOf: [0x5C, UInt8(ascii: "n")])
+        case 0x0D: bytes.append(contentsOf: [0x5C, UInt8(ascii: "r")])
+        case 0x09: bytes.append(contentsOf: [0x5C, UInt8(ascii: "t")])
+        case 0x08: bytes.append(contentsOf: [0x5C, UInt8(ascii: "b")])
+        case 0x0C: bytes.append(contentsOf: [0x5C, UInt8(ascii: "f")])
+        default:
+            bytes.append(contentsOf: "\\u00".utf8)
+            bytes.append(Self.hex[Int(byte >> 4)])
+            bytes.append(Self.hex[Int(byte & 0xF)])
+        }
     }
 
     private static let hex = Array("0123456789abcdef".utf8)

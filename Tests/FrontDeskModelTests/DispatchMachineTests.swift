@@ -297,3 +297,18 @@ extension DispatchMachineTests {
         #expect(m.cancelRequested(reason: "user", now: at(4)).last == .finish(.cancelled))
     }
 }
+
+extension DispatchMachineTests {
+    /// Optional fields of the wrong type are ignored, the required ones are
+    /// checked by type: a boolean is no attempt, a string no retryable flag.
+    @Test func replyFieldsOfTheWrongType() {
+        let loose = AgentReply.parse(Data(
+            #"{"dispatchId":"d-1","attempt":1,"kind":"error","text":5,"activity":["a"],"etaMs":"9","retryable":"yes","error":{"code":7}}"#.utf8))
+        #expect(loose == AgentReply(dispatchId: "d-1", attempt: 1, kind: .error, error: .init(code: "agent_error", message: "")))
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":true,"kind":"final"}"#.utf8)) == nil)
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1e300,"kind":"final"}"#.utf8)) == nil)
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1.0,"kind":"final","etaMs":2.5}"#.utf8))?.etaMs == nil)
+        // Duplicate keys: the last one counts.
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"progress","kind":"final"}"#.utf8))?.kind == .final)
+    }
+}

@@ -116,3 +116,20 @@ import Testing
         #expect(json.data == Self.reference(["v": value]))
     }
 }
+
+extension JSONWriterTests {
+    /// Escapes at the start, the end, back to back and between runs of plain
+    /// text, every control byte, and strings with no escape at all (copied as
+    /// one run): each as JSONEncoder writes it.
+    @Test(arguments: [
+        "", "plain", "\"", "\\", "\"\"", "a\"", "\"a", "a\\\"b", "\n\n\n", "é\u{0}ü", "tail\u{1F}",
+        String((0..<0x20).map { Character(Unicode.Scalar(UInt8($0))) }), "🎉\"🎉\\🎉", String(repeating: "x", count: 5000),
+    ])
+    func stringsEscapeAsJSONEncoderDoes(_ text: String) throws {
+        var event = Self.events[0]
+        event.activity = text
+        event.input = text + "/" + text
+        #expect(event.jsonData() == Self.reference(event))
+        #expect(try JSONDecoder().decode(StatusEvent.self, from: event.jsonData()).activity == text)
+    }
+}
