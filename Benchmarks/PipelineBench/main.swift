@@ -9,7 +9,10 @@
 // (from /proc), and the ratio to the ceiling. Asserts nothing about speed.
 //
 //   pipeline-bench [--requests N] [--fractions 0.25,0.5,0.75] [--csv FILE]
-//                  [--rates 500,1000]   (fixed offered rates instead of fractions)
+//                  [--rates 166,700]    (fixed offered rates: instead of the fractions, or
+//                                       besides them when --fractions is given too)
+//                  [--swift-agents]     (the reference agent, `frontdesk agent --instant`, instead
+//                                       of the relay's C agent loop: see below)
 //                  [--pipeline-only]    (no C relay: for profiling the services)
 //                  [--stages]           (per round: where the time went, all vs the slowest 2%)
 //                  [--senders N --partitions P]  (N sender replicas sharing P partitions, one
@@ -25,6 +28,12 @@ import Synchronization
 let requests = Int(argument("--requests", "4000"))!
 let fractions = argument("--fractions", "0.25,0.5,0.75").split(separator: ",").compactMap { Double($0) }
 let fixedRates = argument("--rates", "").split(separator: ",").compactMap { Double($0) }
+/// Both kinds of rate when both are asked for (e.g. a quarter and half of the maximum, and 166 and 700/s).
+let fractionsAsked = CommandLine.arguments.contains("--fractions")
+/// The pipeline's instant agents are C (pipeline-c-relay --agent), the same
+/// loop as the relay's own agent: the agents are no part of what is compared,
+/// and the reference agent in Swift costs the machine ~0.13 CPU-ms a dispatch.
+let swiftAgents = CommandLine.arguments.contains("--swift-agents")
 let pipelineOnly = CommandLine.arguments.contains("--pipeline-only")
 let reportStages = CommandLine.arguments.contains("--stages")
 let csvPath = argument("--csv", "")
@@ -162,7 +171,9 @@ func offer(_ ids: [String], rate: Double?, on channel: AMQPChannel) async throws
             let elapsed = (ContinuousClock.now - start).seconds
             due = min(ids.count, Int(elapsed * rate) + 1)
             if due <= next {
-                try await Task.sleep(for: .milliseconds(1))
+                // Sleep until the next request is due (not a fixed poll: at
+                // 166/s that cost the instrument more CPU than the relay).
+                try await Task.sleep(until: start + .seconds(Double(next) / rate), clock: .continuous)
                 continue
             }
         } else {
@@ -289,7 +300,7 @@ func runSystem(_ system: String, url: AMQPURL, processes: [(String, Process)], s
     _ = try await round(system, rate: nil, label: "warm", channel: channel, observations: observations, processes: processes)
     let maximum = try await round(system, rate: nil, label: "max", channel: channel, observations: observations, processes: processes)
     var rounds = [maximum]
-    let rates = fixedRates.isEmpty ? fractions.map { $0 * (scale ?? maximum.throughput) } : fixedRates
+    let rates = (fixedRates.isEmpty || fractionsAsked ? fractions.map { $0 * (scale ?? maximum.throughput) } : []) + fixedRates
     for (i, rate) in rates.enumerated() {
         rounds.append(try await round(system, rate: rate, label: "r\(i)", channel: channel, observations: observations, processes: processes))
     }
@@ -305,7 +316,12 @@ try await Task.sleep(for: .milliseconds(1500))  // the sender has declared the a
 // Two instant agents for one target, or one for each of the targets.
 let agentTargets = benchTargets.count == 1 ? benchTargets + benchTargets : benchTargets
 let agents = try agentTargets.map { target in
-    try start("frontdesk", ["agent", "--target", target, "--instant", "--amqp-url", servicesURL(pURL.vhost)], vhost: pURL.vhost)
+    swiftAgents
+        ? try start("frontdesk", ["agent", "--target", target, "--instant", "--amqp-url", servicesURL(pURL.vhost)], vhost: pURL.vhost)
+        : try start(
+            "pipeline-c-relay",
+            [base.host, "\((onCluster ? clusterPorts[0] : base.port))", base.user, base.password, pURL.vhost, "--agent",
+             "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")], vhost: pURL.vhost)
 }
 try await Task.sleep(for: .seconds(1))  // the agents are seen online
 if partitionCount > 1 { try await waitUntilShared() }
@@ -379,7 +395,7 @@ let peakRSS = ([("router", router)] + senders.map { ("sender", $0) }).map { ($0.
 
 // MARK: - Report
 
-print("pipeline-bench: \(requests) dispatches a round; producer → router → \(senderCount) sender(s), \(partitionCount) partition(s) → \(agents.count) instant agents → replied; every publish confirmed\(onCluster ? "; on the 3-node cluster" : "")")
+print("pipeline-bench: \(requests) dispatches a round; producer → router → \(senderCount) sender(s), \(partitionCount) partition(s) → \(agents.count) instant agents (\(swiftAgents ? "frontdesk agent --instant" : "C")) → replied; every publish confirmed\(onCluster ? "; on the 3-node cluster" : "")")
 print("system    offered/s   replied/s   first p50   p99      replied p50  p99      p99.9    failed  busy  CPU-ms/dispatch")
 var csv = "system,offered,throughput,first_p50,first_p99,replied_p50,replied_p99,replied_p999,machine_busy\n"
 for r in pipeline + ceiling {
@@ -403,6 +419,23 @@ if let half = pipeline.first(where: { $0.offered.map { abs($0 - pipelineMax / 2)
     // The ceiling at the same offered rate: what any client doing this broker work gets here.
     if let relay = ceiling.first(where: { $0.offered == half.offered }) {
         print(String(format: "  C relay at the same rate: p99 %.2f ms, both cores %.0f%% busy", percentile(relay.replied, 0.99), relay.machineBusy * 100))
+    }
+}
+// The latency goal at each offered rate: the pipeline's p50 and p99 against
+// the relay's at the same rate (targets ≤ 1.3× and ≤ 1.5×), and the CPU of
+// router + sender against the whole relay's (its three loops; target ≤ 1.5×).
+if !ceiling.isEmpty {
+    print("against the relay at the same offered rate: p50 ratio (≤ 1.3), p99 ratio (≤ 1.5), CPU-ms router+sender / relay (≤ 1.5)")
+    for r in pipeline {
+        guard let offered = r.offered, let c = ceiling.first(where: { $0.offered == offered }) else { continue }
+        let services = r.cpuMsPerDispatch.filter { $0.0 == "router" || $0.0 == "sender" }.map(\.1).reduce(0, +)
+        let relayCPU = c.cpuMsPerDispatch.first { $0.0 == "c-relay" }?.1 ?? .nan
+        let p50 = percentile(r.replied, 0.5) / percentile(c.replied, 0.5), p99 = percentile(r.replied, 0.99) / percentile(c.replied, 0.99)
+        print(String(
+            format: "  %5.0f/s  p50 %6.2f / %6.2f ms = %.2f%@  p99 %6.2f / %6.2f ms = %.2f%@  CPU %.3f / %.3f ms = %.2f%@", offered,
+            percentile(r.replied, 0.5), percentile(c.replied, 0.5), p50, p50 <= 1.3 ? " met" : " not met",
+            percentile(r.replied, 0.99), percentile(c.replied, 0.99), p99, p99 <= 1.5 ? " met" : " not met",
+            services, relayCPU, services / relayCPU, services / relayCPU <= 1.5 ? " met" : " not met"))
     }
 }
 if !csvPath.isEmpty { try csv.write(toFile: csvPath, atomically: true, encoding: .utf8) }

@@ -15,6 +15,12 @@
 // as correlation_id. Runs until killed.
 //
 //   pipeline-c-relay HOST PORT USER PASSWORD VHOST
+//   pipeline-c-relay HOST PORT USER PASSWORD VHOST --agent QUEUE
+//
+// With --agent it is only an instant agent for the real services (the agent
+// protocol: answer each task in QUEUE with a final reply to its reply_to), so
+// the pipeline and the relay are measured with the same C agent: the issue's
+// load driver did the same, and the agent is no part of what is measured.
 #include <amqp.h>
 #include "bench_amqp.h"
 #define PROGRAM "pipeline-c-relay"
@@ -219,9 +225,61 @@ static void *agent(void *unused) {
   return NULL;
 }
 
+/// The value after `"key":` in a JSON body written by the sender (sorted
+/// keys, no spaces): a string without its quotes, or a number. 0 if absent.
+static size_t field(const char *body, size_t size, const char *key, char *out, size_t cap) {
+  char pattern[40];
+  int plen = snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  for (size_t i = 0; plen > 0 && i + (size_t)plen < size; i++) {
+    if (memcmp(body + i, pattern, (size_t)plen) != 0) continue;
+    size_t j = i + (size_t)plen, n = 0;
+    int quoted = body[j] == '"';
+    if (quoted) j++;
+    while (j < size && n + 1 < cap && (quoted ? body[j] != '"' : (body[j] >= '0' && body[j] <= '9'))) out[n++] = body[j++];
+    out[n] = 0;
+    return n;
+  }
+  return 0;
+}
+
+/// An instant agent for the real services: every task in `queue` gets its
+/// final reply at once, a batch of up to BATCH a confirmed window.
+static void serve_agent(const char *queue) {
+  amqp_connection_state_t in = bench_open(PROGRAM, host, port, user, password, vhost);
+  publisher_t *pub = open_publisher();
+  consume(in, queue, amqp_empty_table, 2 * BATCH);
+  for (;;) {
+    uint64_t last = 0;
+    for (int n = 0; n < BATCH; n++) {
+      amqp_envelope_t e;
+      struct timeval tv = {0, 2000};
+      amqp_maybe_release_buffers(in);
+      amqp_rpc_reply_t r = amqp_consume_message(in, &e, n == 0 ? NULL : &tv, 0);
+      if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) break;
+      if (r.reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume tasks");
+      char id[ID_MAX], attempt[16], to[256], body[400];
+      amqp_basic_properties_t *p = &e.message.properties;
+      size_t tolen = (p->_flags & AMQP_BASIC_REPLY_TO_FLAG) && p->reply_to.len < sizeof to ? p->reply_to.len : 0;
+      memcpy(to, p->reply_to.bytes, tolen);
+      to[tolen] = 0;
+      if (field(e.message.body.bytes, e.message.body.len, "dispatchId", id, sizeof id) > 0 &&
+          field(e.message.body.bytes, e.message.body.len, "attempt", attempt, sizeof attempt) > 0) {
+        int size = snprintf(body, sizeof body,
+                            "{\"attempt\":%s,\"dispatchId\":\"%s\",\"kind\":\"final\",\"text\":\"Done: confirmed for 14:00.\"}",
+                            attempt, id);
+        publish(pub, "", tolen ? to : "frontdesk.replies", id, body, (size_t)size);
+      }
+      last = e.delivery_tag;
+      amqp_destroy_envelope(&e);
+    }
+    wait_confirms(pub);
+    amqp_basic_ack(in, 1, last, 1);
+  }
+}
+
 int main(int argc, char **argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: pipeline-c-relay HOST PORT USER PASSWORD VHOST\n");
+  if (argc != 6 && !(argc == 8 && strcmp(argv[6], "--agent") == 0)) {
+    fprintf(stderr, "usage: pipeline-c-relay HOST PORT USER PASSWORD VHOST [--agent QUEUE]\n");
     return 2;
   }
   host = argv[1];
@@ -233,6 +291,11 @@ int main(int argc, char **argv) {
   sigset_t all;
   sigfillset(&all);
   sigprocmask(SIG_UNBLOCK, &all, NULL);
+  if (argc == 8) {
+    fprintf(stderr, "pipeline-c-relay: an instant agent on %s\n", argv[7]);
+    serve_agent(argv[7]);
+    return 0;
+  }
   pthread_t threads[3];
   pthread_create(&threads[0], NULL, router, NULL);
   pthread_create(&threads[1], NULL, sender, NULL);
