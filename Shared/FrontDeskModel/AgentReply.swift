@@ -42,6 +42,9 @@ public struct AgentReply: Sendable, Equatable {
     public static let maxBodyBytes = 256 * 1024
     /// Attempts past this are no attempt the sender makes.
     static let maxAttempt = 1_000_000
+    /// Unknown fields are ignored however deep they nest, to this depth
+    /// (JSONSerialization's, which read replies before).
+    static let maxDepth = 512
     /// An ETA past a day is no honest ETA; it is dropped, not shown.
     static let maxEtaMs = 86_400_000
 
@@ -68,7 +71,7 @@ public struct AgentReply: Sendable, Equatable {
     }
 
     /// Parses a reply body, or says why it is none. With the project's own
-    /// strict reader (UTF-8, nesting ≤ `JSONReader.maxDepth`): this runs for
+    /// strict reader (UTF-8, a leading byte order mark skipped, nesting ≤ `maxDepth`, no trailing commas): this runs for
     /// every reply, and Foundation's JSONSerialization was most of its cost.
     /// Optional fields of the wrong type are ignored, as before.
     public static func classify(_ body: Data) -> Result<AgentReply, Rejection> {
@@ -76,7 +79,15 @@ public struct AgentReply: Sendable, Equatable {
         if body.count > maxBodyBytes {
             return .failure(Rejection(code: .tooLarge, reason: "the reply is \(body.count) bytes; the limit is \(maxBodyBytes)"))
         }
-        guard case .object(let o)? = try? JSONReader.parse(body) else {
+        // A UTF-8 byte order mark is ignored (RFC 8259 allows it; JSONSerialization did).
+        let json = body.starts(with: [0xEF, 0xBB, 0xBF]) ? Data(body.dropFirst(3)) : body
+        let parsed: JSONValue
+        do {
+            parsed = try JSONReader.parse(json, maxDepth: maxDepth)
+        } catch {
+            return .failure(Rejection(code: .invalidJSON, reason: "the reply is not JSON: \(error)"))
+        }
+        guard case .object(let o) = parsed else {
             return .failure(Rejection(code: .invalidJSON, reason: "the reply is not a JSON object"))
         }
         guard let id = string(o["dispatchId"]), Identifiers.isValidDispatchID(id) else {

@@ -26,12 +26,18 @@ public struct JSONReader {
     public static let maxDepth = 64
 
     private let bytes: [UInt8]
+    private let depthLimit: Int
     private var i = 0
 
-    private init(_ bytes: [UInt8]) { self.bytes = bytes }
+    private init(_ bytes: [UInt8], depthLimit: Int) {
+        self.bytes = bytes
+        self.depthLimit = depthLimit
+    }
 
-    public static func parse(_ data: Data) throws -> JSONValue {
-        var reader = JSONReader(Array(data))
+    /// `maxDepth` above the default only where unknown fields must be
+    /// ignored however they nest (agent replies: 512, as JSONSerialization).
+    public static func parse(_ data: Data, maxDepth: Int = maxDepth) throws -> JSONValue {
+        var reader = JSONReader(Array(data), depthLimit: maxDepth)
         reader.skipSpace()
         let value = try reader.value(depth: 0)
         reader.skipSpace()
@@ -46,7 +52,7 @@ public struct JSONReader {
     }
 
     private mutating func value(depth: Int) throws -> JSONValue {
-        guard depth < Self.maxDepth else { throw error("nested deeper than \(Self.maxDepth)") }
+        guard depth < depthLimit else { throw error("nested deeper than \(depthLimit)") }
         guard i < bytes.count else { throw error("unexpected end") }
         switch bytes[i] {
         case UInt8(ascii: "{"): return try object(depth: depth)

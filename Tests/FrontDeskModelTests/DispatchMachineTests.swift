@@ -308,6 +308,16 @@ extension DispatchMachineTests {
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":true,"kind":"final"}"#.utf8)) == nil)
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1e300,"kind":"final"}"#.utf8)) == nil)
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1.0,"kind":"final","etaMs":2.5}"#.utf8))?.etaMs == nil)
+        #expect(AgentReply.parse(Data([0xEF, 0xBB, 0xBF]) + Data(#"{"dispatchId":"d-1","attempt":1,"kind":"final"}"#.utf8))?.kind == .final)
+        #expect(AgentReply.parse(Data([0xEF, 0xBB]) + Data(#"{"dispatchId":"d-1","attempt":1,"kind":"final"}"#.utf8)) == nil)
+        // Unknown fields are ignored however they nest (to 512 levels); deeper is no JSON read.
+        let nested = { (n: Int) in Data((#"{"dispatchId":"d-1","attempt":1,"kind":"final","x":"# + String(repeating: "[", count: n) + "1"
+            + String(repeating: "]", count: n) + "}").utf8) }
+        #expect(AgentReply.parse(nested(200))?.kind == .final)
+        guard case .failure(let deep) = AgentReply.classify(nested(100_000)) else { return #expect(Bool(false), "100,000 levels read") }
+        #expect(deep.code == .invalidJSON && deep.reason.contains("deeper"))
+        // Trailing commas are no JSON (RFC 8259).
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"final",}"#.utf8)) == nil)
         // Duplicate keys: the last one counts.
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"progress","kind":"final"}"#.utf8))?.kind == .final)
     }
