@@ -61,6 +61,8 @@ public enum IntakeClassifier {
     public static let maxInputScalars = 4000
     /// A cancel's reason is shown to the user: a line, not a document.
     public static let maxReasonScalars = 500
+    /// Unknown fields are ignored however deep they nest, to this depth.
+    static let maxDepth = 512
 
     public static func classify(routingKey: String, type: String?, body: Data) -> IntakeMessage {
         if routingKey == CommandKey.activity { return .notForRouter }
@@ -76,16 +78,22 @@ public enum IntakeClassifier {
                 reason: "routing key '\(routingKey.prefix(100))' is none of dispatch.request, dispatch.cancel, dispatch.reroute",
                 failedID: nil, input: nil)
         }
-        guard String(data: body, encoding: .utf8) != nil,
-            let parsed = try? JSONSerialization.jsonObject(with: body, options: [.fragmentsAllowed])
-        else {
-            return .reject(code: .invalidJSON, reason: "the body is not valid UTF-8 JSON", failedID: nil, input: nil)
+        // The project's strict reader, as for agent replies (Foundation's
+        // JSONSerialization was 8% of the router's CPU a request): UTF-8, a
+        // leading byte order mark skipped, unknown fields nesting to 512
+        // levels, no trailing commas.
+        let json = body.starts(with: [0xEF, 0xBB, 0xBF]) ? Data(body.dropFirst(3)) : body
+        let parsed: JSONValue
+        do {
+            parsed = try JSONReader.parse(json, maxDepth: maxDepth)
+        } catch {
+            return .reject(code: .invalidJSON, reason: "the body is not valid UTF-8 JSON: \(error)", failedID: nil, input: nil)
         }
-        guard let object = parsed as? [String: Any] else {
+        guard case .object(let object) = parsed else {
             return .reject(code: .invalidRequest, reason: "the body is JSON but not an object", failedID: nil, input: nil)
         }
         let rawID = object["id"]
-        guard let id = rawID as? String, Identifiers.isValidDispatchID(id) else {
+        guard case .string(let id)? = rawID, Identifiers.isValidDispatchID(id) else {
             let why = rawID == nil ? "'id' is missing" : "'id' must be 1–128 of [A-Za-z0-9._:-]"
             return .reject(code: .invalidRequest, reason: why, failedID: nil, input: nil)
         }
@@ -96,14 +104,18 @@ public enum IntakeClassifier {
         }
     }
 
-    private static func optionalString(_ object: [String: Any], _ key: String) -> (String?, String?) {
-        guard let value = object[key], !(value is NSNull) else { return (nil, nil) }
-        guard let s = value as? String else { return (nil, "'\(key)' must be a string") }
+    private static func optionalString(_ object: [String: JSONValue], _ key: String) -> (String?, String?) {
+        guard let value = object[key], value != .null else { return (nil, nil) }
+        guard case .string(let s) = value else { return (nil, "'\(key)' must be a string") }
         return (s, nil)
     }
 
-    private static func request(id: String, _ object: [String: Any]) -> IntakeMessage {
-        let input = object["input"] as? String
+    private static func string(_ value: JSONValue?) -> String? {
+        if case .string(let s)? = value { s } else { nil }
+    }
+
+    private static func request(id: String, _ object: [String: JSONValue]) -> IntakeMessage {
+        let input = string(object["input"])
         func reject(_ reason: String) -> IntakeMessage {
             .reject(code: .invalidRequest, reason: reason, failedID: id, input: input)
         }
@@ -133,7 +145,7 @@ public enum IntakeClassifier {
             target: fields["target"], createdAt: createdAt))
     }
 
-    private static func cancel(id: String, _ object: [String: Any]) -> IntakeMessage {
+    private static func cancel(id: String, _ object: [String: JSONValue]) -> IntakeMessage {
         let (reason, problem) = optionalString(object, "reason")
         if let problem { return .reject(code: .invalidRequest, reason: problem, failedID: nil, input: nil) }
         // The reason is shown to the user: a longer one is cut, and the cancel still cancels.
@@ -141,8 +153,8 @@ public enum IntakeClassifier {
         return .cancel(CancelCommand(id: id, reason: shown ?? "user"))
     }
 
-    private static func reroute(id: String, _ object: [String: Any]) -> IntakeMessage {
-        guard let project = object["project"] as? String, let target = object["target"] as? String else {
+    private static func reroute(id: String, _ object: [String: JSONValue]) -> IntakeMessage {
+        guard let project = string(object["project"]), let target = string(object["target"]) else {
             return .reject(code: .invalidRequest, reason: "a reroute needs 'project' and 'target' strings", failedID: nil, input: nil)
         }
         return .reroute(RerouteCommand(id: id, route: .init(project: project, target: target)))

@@ -38,7 +38,26 @@ struct IntakeClassifierTests {
         .init(key: "dispatch.cancel", body: #"{"id":"ok","reason":5}"#, code: .invalidRequest),
         .init(key: "dispatch.reroute", body: #"{"id":"ok","project":"acme"}"#, code: .invalidRequest),
         .init(key: "dispatch.reroute", body: "nope", code: .invalidJSON),
+        .init(body: #"{"id":"ok","input":"x",}"#, code: .invalidJSON),
+        .init(body: #"{"id":"ok","input":null}"#, code: .invalidRequest, failedID: "ok"),
+        .init(body: #"{"id":"ok","input":"\ud800"}"#, code: .invalidJSON),
+        .init(body: #"{"id":"ok","input":"x","n":1e400}"#, code: .invalidJSON),
+        .init(body: #"{"id":"ok","input":"x","x":"# + String(repeating: "[", count: 600) + String(repeating: "]", count: 600) + "}", code: .invalidJSON),
     ]
+
+    /// A leading byte order mark is skipped, null optional fields are absent,
+    /// and unknown fields are ignored however they nest (to 512 levels).
+    @Test func lenientWhereJSONAllows() {
+        let bom = Data([0xEF, 0xBB, 0xBF]) + Data(#"{"id":"ok","input":"x"}"#.utf8)
+        #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: bom)
+            == .request(DispatchRequest(id: "ok", input: "x")))
+        let nulls = Data(#"{"id":"ok","input":"x","user":null,"project":null}"#.utf8)
+        #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: nulls)
+            == .request(DispatchRequest(id: "ok", input: "x")))
+        let nested = Data((#"{"id":"ok","input":"x","x":"# + String(repeating: "[", count: 200) + String(repeating: "]", count: 200) + "}").utf8)
+        #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: nested)
+            == .request(DispatchRequest(id: "ok", input: "x")))
+    }
 
     @Test(arguments: rejects)
     func rejectsWithTheRightCode(_ c: Case) {
