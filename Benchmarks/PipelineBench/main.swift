@@ -320,7 +320,7 @@ let agents = try agentTargets.map { target in
         ? try start("frontdesk", ["agent", "--target", target, "--instant", "--amqp-url", servicesURL(pURL.vhost)], vhost: pURL.vhost)
         : try start(
             "pipeline-c-relay",
-            [base.host, "\((onCluster ? clusterPorts[0] : base.port))", base.user, base.password, pURL.vhost, "--agent",
+            [base.host, "\(onCluster ? clusterPorts[0] : base.port)", base.user, base.password, pURL.vhost, "--agent",
              "frontdesk.agent." + target.replacingOccurrences(of: "/", with: ".")], vhost: pURL.vhost)
 }
 try await Task.sleep(for: .seconds(1))  // the agents are seen online

@@ -110,17 +110,24 @@ typedef struct {
   char from[32];
 } item_t;
 
+/// The `n`th message of a batch into *e: the first waits as long as it takes,
+/// the others at most 2 ms. Returns 0 when none came in time.
+static int next_message(amqp_connection_state_t c, amqp_envelope_t *e, int n) {
+  struct timeval tv = {0, 2000};
+  amqp_maybe_release_buffers(c);
+  amqp_rpc_reply_t r = amqp_consume_message(c, e, n == 0 ? NULL : &tv, 0);
+  if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) return 0;
+  if (r.reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume");
+  return 1;
+}
+
 /// Waits for one message, then takes what else is there, up to BATCH.
 /// Returns the count; *last is the highest delivery tag.
 static int take_batch(amqp_connection_state_t c, item_t *items, uint64_t *last) {
   int n = 0;
   while (n < BATCH) {
     amqp_envelope_t e;
-    struct timeval tv = {0, 2000};
-    amqp_maybe_release_buffers(c);
-    amqp_rpc_reply_t r = amqp_consume_message(c, &e, n == 0 ? NULL : &tv, 0);
-    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) break;
-    if (r.reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume");
+    if (!next_message(c, &e, n)) break;
     amqp_basic_properties_t *p = &e.message.properties;
     amqp_bytes_t id = (p->_flags & AMQP_BASIC_CORRELATION_ID_FLAG) ? p->correlation_id
                       : (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) ? p->message_id
@@ -252,11 +259,7 @@ static void serve_agent(const char *queue) {
     uint64_t last = 0;
     for (int n = 0; n < BATCH; n++) {
       amqp_envelope_t e;
-      struct timeval tv = {0, 2000};
-      amqp_maybe_release_buffers(in);
-      amqp_rpc_reply_t r = amqp_consume_message(in, &e, n == 0 ? NULL : &tv, 0);
-      if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) break;
-      if (r.reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "consume tasks");
+      if (!next_message(in, &e, n)) break;
       char id[ID_MAX], attempt[16], to[256], body[400];
       amqp_basic_properties_t *p = &e.message.properties;
       size_t tolen = (p->_flags & AMQP_BASIC_REPLY_TO_FLAG) && p->reply_to.len < sizeof to ? p->reply_to.len : 0;

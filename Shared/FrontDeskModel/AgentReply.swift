@@ -42,9 +42,6 @@ public struct AgentReply: Sendable, Equatable {
     public static let maxBodyBytes = 256 * 1024
     /// Attempts past this are no attempt the sender makes.
     static let maxAttempt = 1_000_000
-    /// Unknown fields are ignored however deep they nest, to this depth
-    /// (JSONSerialization's, which read replies before).
-    static let maxDepth = 512
     /// An ETA past a day is no honest ETA; it is dropped, not shown.
     static let maxEtaMs = 86_400_000
 
@@ -66,47 +63,41 @@ public struct AgentReply: Sendable, Equatable {
         return Int(d)
     }
 
-    private static func string(_ value: JSONValue?) -> String? {
-        if case .string(let s)? = value { s } else { nil }
-    }
-
     /// Parses a reply body, or says why it is none. With the project's own
-    /// strict reader (UTF-8, a leading byte order mark skipped, nesting ≤ `maxDepth`, no trailing commas): this runs for
-    /// every reply, and Foundation's JSONSerialization was most of its cost.
-    /// Optional fields of the wrong type are ignored, as before.
+    /// strict reader (`JSONReader.parseMessage`): this runs for every reply,
+    /// and Foundation's JSONSerialization was most of its cost. Optional
+    /// fields of the wrong type are ignored.
     public static func classify(_ body: Data) -> Result<AgentReply, Rejection> {
         func invalid(_ reason: String) -> Result<AgentReply, Rejection> { .failure(Rejection(code: .invalidRequest, reason: reason)) }
         if body.count > maxBodyBytes {
             return .failure(Rejection(code: .tooLarge, reason: "the reply is \(body.count) bytes; the limit is \(maxBodyBytes)"))
         }
-        // A UTF-8 byte order mark is ignored (RFC 8259 allows it; JSONSerialization did).
-        let json = body.starts(with: [0xEF, 0xBB, 0xBF]) ? Data(body.dropFirst(3)) : body
         let parsed: JSONValue
         do {
-            parsed = try JSONReader.parse(json, maxDepth: maxDepth)
+            parsed = try JSONReader.parseMessage(body)
         } catch {
             return .failure(Rejection(code: .invalidJSON, reason: "the reply is not JSON: \(error)"))
         }
         guard case .object(let o) = parsed else {
             return .failure(Rejection(code: .invalidJSON, reason: "the reply is not a JSON object"))
         }
-        guard let id = string(o["dispatchId"]), Identifiers.isValidDispatchID(id) else {
+        guard let id = o["dispatchId"]?.stringValue, Identifiers.isValidDispatchID(id) else {
             return invalid("the reply has no valid dispatchId (1–128 of A–Z a–z 0–9 . _ : -)")
         }
         guard let attempt = integer(o["attempt"], in: 1...maxAttempt) else {
             return invalid("the reply's attempt must be a number from 1")
         }
-        guard let kindText = string(o["kind"]), let kind = Kind(rawValue: kindText) else {
+        guard let kindText = o["kind"]?.stringValue, let kind = Kind(rawValue: kindText) else {
             return invalid("the reply's kind must be accepted, progress, final or error")
         }
         var error: StatusEvent.ErrorInfo? = nil
         if case .object(let e)? = o["error"] {
-            error = .init(code: string(e["code"]) ?? "agent_error", message: string(e["message"]) ?? "")
+            error = .init(code: e["code"]?.stringValue ?? "agent_error", message: e["message"]?.stringValue ?? "")
         }
         var retryable = false
         if case .bool(let b)? = o["retryable"] { retryable = b }
         return .success(AgentReply(
-            dispatchId: id, attempt: attempt, kind: kind, text: string(o["text"]), activity: string(o["activity"]),
+            dispatchId: id, attempt: attempt, kind: kind, text: o["text"]?.stringValue, activity: o["activity"]?.stringValue,
             etaMs: integer(o["etaMs"], in: 0...maxEtaMs), error: error, retryable: retryable))
     }
 

@@ -61,8 +61,6 @@ public enum IntakeClassifier {
     public static let maxInputScalars = 4000
     /// A cancel's reason is shown to the user: a line, not a document.
     public static let maxReasonScalars = 500
-    /// Unknown fields are ignored however deep they nest, to this depth.
-    static let maxDepth = 512
 
     public static func classify(routingKey: String, type: String?, body: Data) -> IntakeMessage {
         if routingKey == CommandKey.activity { return .notForRouter }
@@ -78,14 +76,11 @@ public enum IntakeClassifier {
                 reason: "routing key '\(routingKey.prefix(100))' is none of dispatch.request, dispatch.cancel, dispatch.reroute",
                 failedID: nil, input: nil)
         }
-        // The project's strict reader, as for agent replies (Foundation's
-        // JSONSerialization was 8% of the router's CPU a request): UTF-8, a
-        // leading byte order mark skipped, unknown fields nesting to 512
-        // levels, no trailing commas.
-        let json = body.starts(with: [0xEF, 0xBB, 0xBF]) ? Data(body.dropFirst(3)) : body
+        // The project's strict reader, as for agent replies, so both services
+        // take the same JSON (`JSONReader.parseMessage`).
         let parsed: JSONValue
         do {
-            parsed = try JSONReader.parse(json, maxDepth: maxDepth)
+            parsed = try JSONReader.parseMessage(body)
         } catch {
             return .reject(code: .invalidJSON, reason: "the body is not valid UTF-8 JSON: \(error)", failedID: nil, input: nil)
         }
@@ -110,12 +105,8 @@ public enum IntakeClassifier {
         return (s, nil)
     }
 
-    private static func string(_ value: JSONValue?) -> String? {
-        if case .string(let s)? = value { s } else { nil }
-    }
-
     private static func request(id: String, _ object: [String: JSONValue]) -> IntakeMessage {
-        let input = string(object["input"])
+        let input = object["input"]?.stringValue
         func reject(_ reason: String) -> IntakeMessage {
             .reject(code: .invalidRequest, reason: reason, failedID: id, input: input)
         }
@@ -154,7 +145,7 @@ public enum IntakeClassifier {
     }
 
     private static func reroute(id: String, _ object: [String: JSONValue]) -> IntakeMessage {
-        guard let project = string(object["project"]), let target = string(object["target"]) else {
+        guard let project = object["project"]?.stringValue, let target = object["target"]?.stringValue else {
             return .reject(code: .invalidRequest, reason: "a reroute needs 'project' and 'target' strings", failedID: nil, input: nil)
         }
         return .reroute(RerouteCommand(id: id, route: .init(project: project, target: target)))

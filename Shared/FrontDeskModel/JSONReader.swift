@@ -34,8 +34,17 @@ public struct JSONReader {
         self.depthLimit = depthLimit
     }
 
-    /// `maxDepth` above the default only where unknown fields must be
-    /// ignored however they nest (agent replies: 512, as JSONSerialization).
+    /// How deep unknown fields of a message from outside may nest
+    /// (JSONSerialization's limit, which read those messages before).
+    public static let messageMaxDepth = 512
+
+    /// A message from outside (a request, an agent's reply): a leading UTF-8
+    /// byte order mark is skipped (RFC 8259 allows it) and unknown fields,
+    /// which are ignored, may nest to `messageMaxDepth`.
+    public static func parseMessage(_ data: Data) throws -> JSONValue {
+        try parse(data.starts(with: [0xEF, 0xBB, 0xBF]) ? Data(data.dropFirst(3)) : data, maxDepth: messageMaxDepth)
+    }
+
     public static func parse(_ data: Data, maxDepth: Int = maxDepth) throws -> JSONValue {
         var reader = JSONReader(Array(data), depthLimit: maxDepth)
         reader.skipSpace()
@@ -240,6 +249,13 @@ public struct JSONReader {
             throw error("number out of range")
         }
         return value
+    }
+}
+
+extension JSONValue {
+    /// The string, or nil for any other value.
+    public var stringValue: String? {
+        if case .string(let s) = self { s } else { nil }
     }
 }
 
