@@ -57,12 +57,17 @@ extension BrokerIntegration {
                 try await send(20)
                 try await waitUntilLed(h, replicas, [1, 1, 1, 1])
                 // The replica leading partition 0 (the replies' and board-prep's) killed in the middle of a run.
+                // A replica that has just taken partition 0 shows its agents after its first presence
+                // poll (every 300 ms), so the counts above may come before any replica shows one.
                 var killed: Process?
-                for p in replicas {
-                    let leadsBoard = try await h.metrics(p).contains("frontdesk_sender_agents{target=\"yemaya/board-prep\"} 1")
-                    if leadsBoard { killed = p }
+                try await h.waitUntil("a replica shows board-prep's agent", within: .seconds(10)) {
+                    killed = nil
+                    for p in replicas {
+                        if try await h.metrics(p).contains("frontdesk_sender_agents{target=\"yemaya/board-prep\"} 1") { killed = p }
+                    }
+                    return killed != nil
                 }
-                let victim = try #require(killed, "no replica shows board-prep's agent")
+                let victim = try #require(killed)
                 try await send(10)
                 kill(victim.processIdentifier, SIGKILL)
                 replicas.removeAll { $0 === victim }
