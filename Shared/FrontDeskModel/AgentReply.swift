@@ -79,7 +79,7 @@ public struct AgentReply: Sendable, Equatable {
             return .failure(Rejection(code: .invalidJSON, reason: "the reply is not JSON: \(error)"))
         }
         guard case .object(let o) = parsed else {
-            return .failure(Rejection(code: .invalidJSON, reason: "the reply is not a JSON object"))
+            return .failure(Rejection(code: .invalidRequest, reason: "the reply is JSON but not an object"))
         }
         guard let id = o["dispatchId"]?.stringValue, Identifiers.isValidDispatchID(id) else {
             return invalid("the reply has no valid dispatchId (1–128 of A–Z a–z 0–9 . _ : -)")

@@ -27,11 +27,17 @@ public struct JSONReader {
 
     private let bytes: [UInt8]
     private let depthLimit: Int
+    /// A number beyond a double's range reads as ±infinity instead of an
+    /// error: RFC 8259's grammar allows it, and in an unknown field of a
+    /// message it must change nothing. Known fields range-check every number.
+    private let overflowIsInfinite: Bool
     private var i = 0
 
-    private init(_ bytes: [UInt8], depthLimit: Int) {
+    private init(_ bytes: [UInt8], start: Int = 0, depthLimit: Int, overflowIsInfinite: Bool = false) {
         self.bytes = bytes
         self.depthLimit = depthLimit
+        self.overflowIsInfinite = overflowIsInfinite
+        i = start
     }
 
     /// How deep unknown fields of a message from outside may nest
@@ -39,18 +45,28 @@ public struct JSONReader {
     public static let messageMaxDepth = 512
 
     /// A message from outside (a request, an agent's reply): a leading UTF-8
-    /// byte order mark is skipped (RFC 8259 allows it) and unknown fields,
-    /// which are ignored, may nest to `messageMaxDepth`.
+    /// byte order mark is skipped (RFC 8259 allows it; error offsets still
+    /// count it), unknown fields, which are ignored, may nest to
+    /// `messageMaxDepth` objects and arrays, and a number beyond a double's
+    /// range reads as ±infinity, which no known field accepts.
     public static func parseMessage(_ data: Data) throws -> JSONValue {
-        try parse(data.starts(with: [0xEF, 0xBB, 0xBF]) ? Data(data.dropFirst(3)) : data, maxDepth: messageMaxDepth)
+        let bytes = Array(data)
+        let bom = bytes.starts(with: [0xEF, 0xBB, 0xBF]) ? 3 : 0
+        var reader = JSONReader(bytes, start: bom, depthLimit: messageMaxDepth, overflowIsInfinite: true)
+        return try reader.whole()
     }
 
     public static func parse(_ data: Data, maxDepth: Int = maxDepth) throws -> JSONValue {
         var reader = JSONReader(Array(data), depthLimit: maxDepth)
-        reader.skipSpace()
-        let value = try reader.value(depth: 0)
-        reader.skipSpace()
-        guard reader.i == reader.bytes.count else { throw reader.error("unexpected data after the value") }
+        return try reader.whole()
+    }
+
+    /// The one value the bytes hold, with nothing but white space around it.
+    private mutating func whole() throws -> JSONValue {
+        skipSpace()
+        let value = try value(depth: 0)
+        skipSpace()
+        guard i == bytes.count else { throw error("unexpected data after the value") }
         return value
     }
 
@@ -60,8 +76,8 @@ public struct JSONReader {
         while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 }
     }
 
+    /// `depth`: the objects and arrays around this value (JSONSerialization's count).
     private mutating func value(depth: Int) throws -> JSONValue {
-        guard depth < depthLimit else { throw error("nested deeper than \(depthLimit)") }
         guard i < bytes.count else { throw error("unexpected end") }
         switch bytes[i] {
         case UInt8(ascii: "{"): return try object(depth: depth)
@@ -83,6 +99,7 @@ public struct JSONReader {
     }
 
     private mutating func object(depth: Int) throws -> JSONValue {
+        guard depth < depthLimit else { throw error("nested deeper than \(depthLimit)") }
         i += 1
         var fields: [String: JSONValue] = [:]
         skipSpace()
@@ -113,6 +130,7 @@ public struct JSONReader {
     }
 
     private mutating func array(depth: Int) throws -> JSONValue {
+        guard depth < depthLimit else { throw error("nested deeper than \(depthLimit)") }
         i += 1
         var items: [JSONValue] = []
         skipSpace()
@@ -245,7 +263,7 @@ public struct JSONReader {
             if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
             guard digits() > 0 else { throw error("digits expected in the exponent") }
         }
-        guard let value = Double(String(decoding: bytes[start..<i], as: UTF8.self)), value.isFinite else {
+        guard let value = Double(String(decoding: bytes[start..<i], as: UTF8.self)), value.isFinite || overflowIsInfinite else {
             throw error("number out of range")
         }
         return value

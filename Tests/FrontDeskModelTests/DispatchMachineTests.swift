@@ -255,8 +255,8 @@ struct DispatchMachineTests {
     /// What is not a reply gets a dead-letter code (the sender dead-letters it).
     @Test(arguments: [
         ("nope", "invalid_json"),
-        ("[1,2]", "invalid_json"),
-        ("\"a string\"", "invalid_json"),
+        ("[1,2]", "invalid_request"),  // JSON, but no object: as at intake
+        ("\"a string\"", "invalid_request"),
         (#"{"attempt":1,"kind":"final"}"#, "invalid_request"),
         (#"{"dispatchId":"d#1","attempt":1,"kind":"final"}"#, "invalid_request"),
         (#"{"dispatchId":"","attempt":1,"kind":"final"}"#, "invalid_request"),
@@ -307,13 +307,23 @@ extension DispatchMachineTests {
         #expect(loose == AgentReply(dispatchId: "d-1", attempt: 1, kind: .error, error: .init(code: "agent_error", message: "")))
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":true,"kind":"final"}"#.utf8)) == nil)
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1e300,"kind":"final"}"#.utf8)) == nil)
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1e400,"kind":"final"}"#.utf8)) == nil)
+        // Beyond a double's range: an etaMs is none, an unknown field changes nothing.
+        #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1,"kind":"progress","etaMs":1e400,"debug":-1e999}"#.utf8))
+            == AgentReply(dispatchId: "d-1", attempt: 1, kind: .progress))
+        // JSON, but no object: invalid_request, as at intake.
+        for body in ["[]", "5", "null", #""x""#] {
+            guard case .failure(let r) = AgentReply.classify(Data(body.utf8)) else { Issue.record("\(body) read"); continue }
+            #expect(r.code == .invalidRequest, "\(body)")
+        }
         #expect(AgentReply.parse(Data(#"{"dispatchId":"d-1","attempt":1.0,"kind":"final","etaMs":2.5}"#.utf8))?.etaMs == nil)
         #expect(AgentReply.parse(Data([0xEF, 0xBB, 0xBF]) + Data(#"{"dispatchId":"d-1","attempt":1,"kind":"final"}"#.utf8))?.kind == .final)
         #expect(AgentReply.parse(Data([0xEF, 0xBB]) + Data(#"{"dispatchId":"d-1","attempt":1,"kind":"final"}"#.utf8)) == nil)
         // Unknown fields are ignored however they nest (to 512 levels); deeper is no JSON read.
         let nested = { (n: Int) in Data((#"{"dispatchId":"d-1","attempt":1,"kind":"final","x":"# + String(repeating: "[", count: n) + "1"
             + String(repeating: "]", count: n) + "}").utf8) }
-        #expect(AgentReply.parse(nested(200))?.kind == .final)
+        #expect(AgentReply.parse(nested(511))?.kind == .final)
+        #expect(AgentReply.parse(nested(512)) == nil)
         guard case .failure(let deep) = AgentReply.classify(nested(100_000)) else { return #expect(Bool(false), "100,000 levels read") }
         #expect(deep.code == .invalidJSON && deep.reason.contains("deeper"))
         // Trailing commas are no JSON (RFC 8259).

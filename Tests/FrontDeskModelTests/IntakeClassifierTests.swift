@@ -41,7 +41,6 @@ struct IntakeClassifierTests {
         .init(body: #"{"id":"ok","input":"x",}"#, code: .invalidJSON),
         .init(body: #"{"id":"ok","input":null}"#, code: .invalidRequest, failedID: "ok"),
         .init(body: #"{"id":"ok","input":"\ud800"}"#, code: .invalidJSON),
-        .init(body: #"{"id":"ok","input":"x","n":1e400}"#, code: .invalidJSON),
         .init(body: #"{"id":"ok","input":"x","x":"# + String(repeating: "[", count: 600) + String(repeating: "]", count: 600) + "}", code: .invalidJSON),
     ]
 
@@ -54,9 +53,24 @@ struct IntakeClassifierTests {
         let nulls = Data(#"{"id":"ok","input":"x","user":null,"project":null}"#.utf8)
         #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: nulls)
             == .request(DispatchRequest(id: "ok", input: "x")))
-        let nested = Data((#"{"id":"ok","input":"x","x":"# + String(repeating: "[", count: 200) + String(repeating: "]", count: 200) + "}").utf8)
-        #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: nested)
+        // 512 objects and arrays in all (JSONSerialization's limit): the request's own and 511 inside it.
+        let nested = { (n: Int) in Data((#"{"id":"ok","input":"x","x":"# + String(repeating: "[", count: n) + String(repeating: "]", count: n) + "}").utf8) }
+        #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: nested(511))
             == .request(DispatchRequest(id: "ok", input: "x")))
+        guard case .reject(.invalidJSON, let reason, nil, _) = IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: nested(512))
+        else { Issue.record("513 levels read"); return }
+        #expect(reason.contains("deeper than 512"))
+        // A number beyond a double's range in an unknown field is still JSON (RFC 8259), and ignored.
+        for n in ["1e400", "-1E400", "1e-400", String(repeating: "9", count: 400)] {
+            let body = Data(#"{"id":"ok","input":"x","n":\#(n)}"#.utf8)
+            #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: body)
+                == .request(DispatchRequest(id: "ok", input: "x")), "\(n)")
+        }
+        // An error's offset counts the byte order mark: byte 17 of the body is the stray comma's successor.
+        let bad = Data([0xEF, 0xBB, 0xBF]) + Data(#"{"id":"ok","input":"x",}"#.utf8)
+        guard case .reject(.invalidJSON, let where_, _, _) = IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: bad)
+        else { Issue.record("a trailing comma read"); return }
+        #expect(where_.contains("at byte \(bad.count - 1)"), "\(where_)")
     }
 
     @Test(arguments: rejects)
