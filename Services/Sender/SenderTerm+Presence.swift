@@ -42,7 +42,7 @@ extension SenderTerm {
                 try await channel.qos(prefetchCount: 200)
                 let consumer = try await channel.consume(queue: SenderTopology.parkQueue(route))
                 parkConsumers[route] = consumer
-                forwarders.append(Task { [feed] in
+                forwarders.append(Task(executorPreference: connection.executor) { [feed] in
                     do { for try await d in consumer { feed.yield(.parked(d, route)) } } catch {}
                 })
             }

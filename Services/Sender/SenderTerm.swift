@@ -195,10 +195,13 @@ final class SenderTerm {
         try await forward(queue: SenderTopology.expired(partition), prefetch: 100) { .expired($0) }
         try await forward(queue: SenderTopology.retry(partition), prefetch: Self.retryPrefetch) { .retryDue($0) }
         if passesOn { try await watchSending() }
-        forwarders.append(Task { [feed, routes] in
+        // The presence polls and the tick run on the connection's thread too:
+        // from the pool, each poll's declares would hop there and back (two
+        // wake-ups a declare, ten declares every 300 ms with five targets).
+        forwarders.append(Task(executorPreference: connection.executor) { [feed, routes] in
             await SenderTerm.pollPresence(channel: presenceChannel, routes: routes, feed: feed)
         })
-        forwarders.append(Task { [feed] in await SenderTerm.tick(feed) })
+        forwarders.append(Task(executorPreference: connection.executor) { [feed] in await SenderTerm.tick(feed) })
         defer {
             if let pending = replyMarker { statusLog.giveUp(marker: pending.marker) }
             statusLog.dropTentatives(term: term)
