@@ -105,9 +105,12 @@ public struct JSONWriter: Sendable {
         bytes.append(UInt8(ascii: ":"))
     }
 
-    /// Doubles as JSONEncoder writes them: integral values without a fraction.
+    /// Doubles as JSONEncoder writes them: integral values without a
+    /// fraction; JSON has no infinity or NaN, so those are written `null`.
     private mutating func number(_ value: Double) {
-        if value.isFinite, value == value.rounded(), abs(value) < 1e15 {
+        if !value.isFinite {
+            bytes.append(contentsOf: "null".utf8)
+        } else if value == value.rounded(), abs(value) < 1e15 {
             bytes.append(contentsOf: String(Int64(value)).utf8)
         } else {
             bytes.append(contentsOf: "\(value)".utf8)

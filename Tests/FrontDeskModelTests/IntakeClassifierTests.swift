@@ -66,7 +66,7 @@ struct IntakeClassifierTests {
             #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: body)
                 == .request(DispatchRequest(id: "ok", input: "x")), "\(n)")
         }
-        // An error's offset counts the byte order mark: byte 17 of the body is the stray comma's successor.
+        // An error's offset counts the byte order mark: the last byte, the `}` after the stray comma.
         let bad = Data([0xEF, 0xBB, 0xBF]) + Data(#"{"id":"ok","input":"x",}"#.utf8)
         guard case .reject(.invalidJSON, let where_, _, _) = IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: bad)
         else { Issue.record("a trailing comma read"); return }

@@ -67,6 +67,18 @@ import Testing
         ]
     }()
 
+    /// JSON has no infinity or NaN: such a double is written null, and the bytes stay JSON.
+    @Test func nonFiniteNumbersAreWrittenNull() throws {
+        let data = JSONWriter.object { w in
+            w.field("a", Double.infinity)
+            w.field("b", -Double.infinity)
+            w.field("c", Double.nan)
+            w.field("d", 2.5)
+        }
+        #expect(String(decoding: data, as: UTF8.self) == #"{"a":null,"b":null,"c":null,"d":2.5}"#)
+        #expect(try JSONReader.parse(data) == .object(["a": .null, "b": .null, "c": .null, "d": .number(2.5)]))
+    }
+
     @Test func dispatchRecordMatchesJSONEncoder() throws {
         for record in Self.records {
             let written = record.jsonData()

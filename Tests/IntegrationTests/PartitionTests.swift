@@ -57,8 +57,9 @@ extension BrokerIntegration {
                 try await send(20)
                 try await waitUntilLed(h, replicas, [1, 1, 1, 1])
                 // The replica leading partition 0 (the replies' and board-prep's) killed in the middle of a run.
-                // A replica that has just taken partition 0 shows its agents after its first presence
-                // poll (every 300 ms), so the counts above may come before any replica shows one.
+                // A replica counts a partition as led once it holds its lock, before its term has
+                // caught up with the log and taken its first presence snapshot, so the counts above
+                // may come before any replica shows board-prep's agent.
                 var killed: Process?
                 try await h.waitUntil("a replica shows board-prep's agent", within: .seconds(10)) {
                     killed = nil
