@@ -15,6 +15,17 @@ import Testing
         #expect(o["o"] == .object([:]) && o["a"] == .array([]))
     }
 
+    /// Short integers are read without strtod: the same doubles as strtod gives, at the edges too.
+    @Test func integersReadAsStrtodReadsThem() throws {
+        let texts = ["0", "-0", "7", "-7", "999999999999999", "-999999999999999", "1000000000000000", "9007199254740993",
+                     "123456789012345678901234567890", "10", "1.0", "1e2", "-0.0", "0e0", "15E-1"]
+        for t in texts {
+            guard case .number(let d) = try parse(t) else { Issue.record("\(t): no number"); continue }
+            let expected = try #require(Double(t))
+            #expect(d == expected && d.sign == expected.sign, "\(t): \(d) vs \(expected)")
+        }
+    }
+
     @Test func keepsNonASCIITextAsIs() throws {
         let text = "Zoë — ✓ 👩🏽‍💻 cafe\u{301}"
         #expect(try parse("\"\(text)\"") == .string(text))
