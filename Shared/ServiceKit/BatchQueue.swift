@@ -6,9 +6,9 @@ import Synchronization
 ///
 /// Inlinable, so that each service's `BatchQueue<Input>` is specialised
 /// where it is used: compiled generically, every lock and batch looked up
-/// its tuple and array metadata at run time (3–7% of a service's CPU at
-/// moderate rates). A waiting consumer is one continuation kept under the
-/// lock, not an `AsyncStream` used as a signal.
+/// its tuple and array metadata at run time (6–7% of the services' CPU
+/// samples at 166/s passed through the queue). A waiting consumer is one
+/// continuation kept under the lock, not an `AsyncStream` used as a signal.
 public final class BatchQueue<Element: Sendable>: Sendable {
     @usableFromInline
     struct State {
