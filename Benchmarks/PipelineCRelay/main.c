@@ -34,7 +34,7 @@
 #include <sys/time.h>
 
 #define BATCH 256
-#define ID_MAX 128
+#define ID_MAX 129  /* the longest dispatch id (128 characters) and its NUL */
 
 static const char *host, *user, *password, *vhost;
 static int port;
