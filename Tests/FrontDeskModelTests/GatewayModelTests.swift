@@ -79,6 +79,15 @@ struct GatewayBodiesTests {
         #expect(o["extra"] == nil)
     }
 
+    /// Read as the router reads it: a byte order mark skipped, unknown fields ignored whatever they hold.
+    @Test func theRoutersJSONRules() throws {
+        let body = Data([0xEF, 0xBB, 0xBF]) + Data(#"{"input":"x","n":1e400,"deep":[[[{}]]],"id":null}"#.utf8)
+        let (id, out) = try GatewayBodies.dispatchRequest(body, user: "u", makeID: { "made-2" }).get()
+        #expect(id == "made-2")
+        #expect(object(out)["input"] as? String == "x" && object(out)["n"] == nil && object(out)["user"] as? String == "u")
+        #expect((try? GatewayBodies.reroute(Data(#"[1]"#.utf8), id: "d", table: table).get()) == nil)
+    }
+
     @Test func anIDIsMadeWhenNoneIsGiven() throws {
         let (id, out) = try GatewayBodies.dispatchRequest(Data(#"{"input":"x"}"#.utf8), user: "u", makeID: { "made-1" }).get()
         #expect(id == "made-1")
@@ -87,7 +96,9 @@ struct GatewayBodiesTests {
 
     @Test(arguments: [
         (#"not json"#, 400, "invalid_json"),
-        (#"[1]"#, 400, "invalid_json"),
+        (#"[1]"#, 400, "invalid_request"),  // JSON, but no object: as on the broker
+        (#"{"input":"x",}"#, 400, "invalid_json"),  // the router's JSON rules (RFC 8259)
+        (#"{"input":"x","threadId":5}"#, 400, "invalid_request"),
         (#"{"id":"a b","input":"x"}"#, 400, "invalid_request"),
         (#"{"id":7,"input":"x"}"#, 400, "invalid_request"),
         (#"{"input":""}"#, 400, "invalid_request"),

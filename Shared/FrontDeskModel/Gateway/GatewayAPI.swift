@@ -143,24 +143,32 @@ public enum GatewayBodies {
         guard body.count <= IntakeClassifier.maxBodyBytes else {
             return .failure(.init(413, "too_large", "the body is over \(IntakeClassifier.maxBodyBytes) bytes"))
         }
-        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
-            return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+        let object: [String: JSONValue]
+        switch jsonObject(body) {
+        case .success(let o): object = o
+        case .failure(let e): return .failure(e)
         }
-        var out: [String: Any] = [:]
-        if let id = object["id"], !(id is NSNull) {
-            guard let id = id as? String, Identifiers.isValidDispatchID(id) else {
-                return .failure(.invalid("'id' must be 1–128 of [A-Za-z0-9._:-]"))
+        let id: String
+        switch object["id"] {
+        case nil, .null?: id = makeID()
+        case .string(let given)? where Identifiers.isValidDispatchID(given): id = given
+        default: return .failure(.invalid("'id' must be 1–128 of [A-Za-z0-9._:-]"))
+        }
+        // The contract's fields, each a string as the router requires (it
+        // would refuse any other type with the same reason), in key order.
+        var fields: [String: String] = [:]
+        for key in ["createdAt", "input", "project", "target", "threadId"] {
+            switch object[key] {
+            case nil, .null?: continue
+            case .string(let value)?: fields[key] = value
+            default: return .failure(.invalid("'\(key)' must be a string"))
             }
-            out["id"] = id
-        } else {
-            out["id"] = makeID()
         }
-        for key in ["input", "threadId", "project", "target", "createdAt"] {
-            if let value = object[key], !(value is NSNull) { out[key] = value }
-        }
-        out["user"] = user
-        guard let data = try? JSONSerialization.data(withJSONObject: out, options: [.sortedKeys]) else {
-            return .failure(.invalid("the body cannot be encoded"))
+        let data = JSONWriter.object { json in
+            json.field("createdAt", fields["createdAt"])
+            json.field("id", id)
+            for key in ["input", "project", "target", "threadId"] { json.field(key, fields[key]) }
+            json.field("user", user)
         }
         switch IntakeClassifier.classify(routingKey: CommandKey.request, type: nil, body: data) {
         case .request(let request): return .success((request.id, data))
@@ -173,11 +181,13 @@ public enum GatewayBodies {
     public static func cancel(_ body: Data, id: String) -> Result<Data, GatewayError> {
         var reason = "user"
         if !body.isEmpty {
-            guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
-                return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+            let object: [String: JSONValue]
+            switch jsonObject(body) {
+            case .success(let o): object = o
+            case .failure(let e): return .failure(e)
             }
-            if let r = object["reason"], !(r is NSNull) {
-                guard let r = r as? String, !r.isEmpty else { return .failure(.invalid("'reason' must be a non-empty string")) }
+            if let r = object["reason"], r != .null {
+                guard case .string(let r) = r, !r.isEmpty else { return .failure(.invalid("'reason' must be a non-empty string")) }
                 reason = String(String.UnicodeScalarView(r.unicodeScalars.prefix(IntakeClassifier.maxReasonScalars)))
             }
         }
@@ -189,10 +199,12 @@ public enum GatewayBodies {
 
     /// A reroute's body: `{"project","target"}`, a target of `table` (else 422).
     public static func reroute(_ body: Data, id: String, table: RoutingTable) -> Result<Data, GatewayError> {
-        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
-            return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+        let object: [String: JSONValue]
+        switch jsonObject(body) {
+        case .success(let o): object = o
+        case .failure(let e): return .failure(e)
         }
-        guard let project = object["project"] as? String, let target = object["target"] as? String else {
+        guard let project = object["project"]?.stringValue, let target = object["target"]?.stringValue else {
             return .failure(.invalid("a reroute needs 'project' and 'target' strings"))
         }
         let route = RoutingTable.Route(project: project, target: target)
@@ -208,17 +220,34 @@ public enum GatewayBodies {
 
     public static let environments: Set<String> = ["production", "sandbox"]
 
+    /// A client's body as a JSON object, read as the router reads requests
+    /// and the sender agent replies (`JSONReader.parseMessage`): one set of
+    /// JSON rules on every way in. Not JSON: 400 `invalid_json`; JSON but no
+    /// object: 400 `invalid_request`, as on the broker.
+    static func jsonObject(_ body: Data) -> Result<[String: JSONValue], GatewayError> {
+        let parsed: JSONValue
+        do {
+            parsed = try JSONReader.parseMessage(body)
+        } catch {
+            return .failure(.init(400, "invalid_json", "the body is not JSON: \(error)"))
+        }
+        guard case .object(let object) = parsed else { return .failure(.invalid("the body is JSON but not an object")) }
+        return .success(object)
+    }
+
     /// An activity registration: `{"pushToken": hex, "environment"}`.
     public static func activity(_ body: Data, id: String) -> Result<Data, GatewayError> {
-        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
-            return .failure(.init(400, "invalid_json", "the body must be a JSON object"))
+        let object: [String: JSONValue]
+        switch jsonObject(body) {
+        case .success(let o): object = o
+        case .failure(let e): return .failure(e)
         }
-        guard let token = object["pushToken"] as? String, (2...512).contains(token.utf8.count), token.utf8.count % 2 == 0,
+        guard let token = object["pushToken"]?.stringValue, (2...512).contains(token.utf8.count), token.utf8.count % 2 == 0,
             token.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) || (65...70).contains($0) })
         else {
             return .failure(.invalid("'pushToken' must be an even number (2–512) of hex digits"))
         }
-        let environment = object["environment"] == nil ? "production" : object["environment"] as? String
+        let environment = object["environment"] == nil ? "production" : object["environment"]?.stringValue
         guard let environment, environments.contains(environment) else {
             return .failure(.invalid("'environment' must be production or sandbox"))
         }
