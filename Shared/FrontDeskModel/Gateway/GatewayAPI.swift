@@ -144,10 +144,7 @@ public enum GatewayBodies {
             return .failure(.init(413, "too_large", "the body is over \(IntakeClassifier.maxBodyBytes) bytes"))
         }
         let object: [String: JSONValue]
-        switch jsonObject(body) {
-        case .success(let o): object = o
-        case .failure(let e): return .failure(e)
-        }
+        do { object = try jsonObject(body) } catch { return .failure(error) }
         let id: String
         switch object["id"] {
         case nil, .null?: id = makeID()
@@ -182,10 +179,7 @@ public enum GatewayBodies {
         var reason = "user"
         if !body.isEmpty {
             let object: [String: JSONValue]
-            switch jsonObject(body) {
-            case .success(let o): object = o
-            case .failure(let e): return .failure(e)
-            }
+            do { object = try jsonObject(body) } catch { return .failure(error) }
             if let r = object["reason"], r != .null {
                 guard case .string(let r) = r, !r.isEmpty else { return .failure(.invalid("'reason' must be a non-empty string")) }
                 reason = String(String.UnicodeScalarView(r.unicodeScalars.prefix(IntakeClassifier.maxReasonScalars)))
@@ -200,10 +194,7 @@ public enum GatewayBodies {
     /// A reroute's body: `{"project","target"}`, a target of `table` (else 422).
     public static func reroute(_ body: Data, id: String, table: RoutingTable) -> Result<Data, GatewayError> {
         let object: [String: JSONValue]
-        switch jsonObject(body) {
-        case .success(let o): object = o
-        case .failure(let e): return .failure(e)
-        }
+        do { object = try jsonObject(body) } catch { return .failure(error) }
         guard let project = object["project"]?.stringValue, let target = object["target"]?.stringValue else {
             return .failure(.invalid("a reroute needs 'project' and 'target' strings"))
         }
@@ -224,24 +215,21 @@ public enum GatewayBodies {
     /// and the sender agent replies (`JSONReader.parseMessage`): one set of
     /// JSON rules on every way in. Not JSON: 400 `invalid_json`; JSON but no
     /// object: 400 `invalid_request`, as on the broker.
-    static func jsonObject(_ body: Data) -> Result<[String: JSONValue], GatewayError> {
+    static func jsonObject(_ body: Data) throws(GatewayError) -> [String: JSONValue] {
         let parsed: JSONValue
         do {
             parsed = try JSONReader.parseMessage(body)
         } catch {
-            return .failure(.init(400, "invalid_json", "the body is not JSON: \(error)"))
+            throw GatewayError(400, "invalid_json", "the body is not JSON: \(error)")
         }
-        guard case .object(let object) = parsed else { return .failure(.invalid("the body is JSON but not an object")) }
-        return .success(object)
+        guard case .object(let object) = parsed else { throw .invalid("the body is JSON but not an object") }
+        return object
     }
 
     /// An activity registration: `{"pushToken": hex, "environment"}`.
     public static func activity(_ body: Data, id: String) -> Result<Data, GatewayError> {
         let object: [String: JSONValue]
-        switch jsonObject(body) {
-        case .success(let o): object = o
-        case .failure(let e): return .failure(e)
-        }
+        do { object = try jsonObject(body) } catch { return .failure(error) }
         guard let token = object["pushToken"]?.stringValue, (2...512).contains(token.utf8.count), token.utf8.count % 2 == 0,
             token.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) || (65...70).contains($0) })
         else {
