@@ -72,11 +72,25 @@ static void put64(uint8_t *p, uint64_t v) {
   put32(p + 4, (uint32_t)v);
 }
 
-/// A growing output buffer.
-typedef struct {
+/// A growing output buffer, kept by its connection from one window to the
+/// next: grown once to what its windows need, then reused.
+struct fd_buffer {
   uint8_t *bytes;
   size_t len, cap;
-} fd_buffer_t;
+};
+typedef struct fd_buffer fd_buffer_t;
+
+/// What a buffer may keep between windows; one grown past it by a burst of
+/// large bodies is given back after its window.
+enum { BUFFER_KEEP = 1 << 20 };
+
+fd_buffer_t *fd_buffer_create(void) { return calloc(1, sizeof(fd_buffer_t)); }
+
+void fd_buffer_free(fd_buffer_t *b) {
+  if (!b) return;
+  free(b->bytes);
+  free(b);
+}
 
 static int reserve(fd_buffer_t *b, size_t more) {
   if (b->len + more <= b->cap) return 1;
@@ -130,44 +144,51 @@ static size_t close_frame(uint8_t *f, uint8_t type, amqp_channel_t channel, size
 }
 
 int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel,
-                           const fd_publish_t *messages, size_t count) {
+                           const fd_publish_t *messages, size_t count, fd_buffer_t *buffer) {
   size_t frame_max = (size_t)amqp_get_frame_max(state);
   if (frame_max < 4096) frame_max = 4096;
   size_t chunk = frame_max - FRAME_OVERHEAD;
-  fd_buffer_t out = {NULL, 0, 0};
+  fd_buffer_t local = {NULL, 0, 0};
+  fd_buffer_t *b = buffer ? buffer : &local;
+  b->len = 0;
   int status = AMQP_STATUS_OK;
   for (size_t i = 0; i < count && status == AMQP_STATUS_OK; i++) {
     const fd_publish_t *m = &messages[i];
     // Method frame: basic.publish and its arguments.
-    if (!reserve(&out, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
-    uint8_t *f = out.bytes + out.len;
+    if (!reserve(b, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
+    uint8_t *f = b->bytes + b->len;
     amqp_basic_publish_t publish = {.ticket = 0, .exchange = m->exchange, .routing_key = m->routing_key,
                                     .mandatory = m->mandatory, .immediate = 0};
     put32(f + FRAME_HEADER, AMQP_BASIC_PUBLISH_METHOD);
     amqp_bytes_t args = {.len = chunk - 4, .bytes = f + FRAME_HEADER + 4};
     int n = amqp_encode_method(AMQP_BASIC_PUBLISH_METHOD, &publish, args);
     if (n < 0) { status = n; break; }
-    out.len += close_frame(f, AMQP_FRAME_METHOD, channel, 4 + (size_t)n);
+    b->len += close_frame(f, AMQP_FRAME_METHOD, channel, 4 + (size_t)n);
     // Header frame: class, weight, body size, properties.
-    if (!reserve(&out, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
-    f = out.bytes + out.len;
+    if (!reserve(b, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
+    f = b->bytes + b->len;
     put16(f + FRAME_HEADER, AMQP_BASIC_CLASS);
     put16(f + FRAME_HEADER + 2, 0);
     put64(f + FRAME_HEADER + 4, (uint64_t)m->body.len);
     amqp_bytes_t props = {.len = chunk - 12, .bytes = f + FRAME_HEADER + 12};
     n = amqp_encode_properties(AMQP_BASIC_CLASS, (void *)m->properties, props);
     if (n < 0) { status = n; break; }
-    out.len += close_frame(f, AMQP_FRAME_HEADER, channel, 12 + (size_t)n);
+    b->len += close_frame(f, AMQP_FRAME_HEADER, channel, 12 + (size_t)n);
     // Body frames of at most frame_max.
     for (size_t offset = 0; offset < m->body.len; offset += chunk) {
       size_t size = m->body.len - offset < chunk ? m->body.len - offset : chunk;
-      if (!reserve(&out, size + FRAME_OVERHEAD)) { status = AMQP_STATUS_NO_MEMORY; break; }
-      f = out.bytes + out.len;
+      if (!reserve(b, size + FRAME_OVERHEAD)) { status = AMQP_STATUS_NO_MEMORY; break; }
+      f = b->bytes + b->len;
       memcpy(f + FRAME_HEADER, (const uint8_t *)m->body.bytes + offset, size);
-      out.len += close_frame(f, AMQP_FRAME_BODY, channel, size);
+      b->len += close_frame(f, AMQP_FRAME_BODY, channel, size);
     }
   }
-  if (status == AMQP_STATUS_OK) status = send_all(amqp_get_sockfd(state), out.bytes, out.len);
-  free(out.bytes);
+  if (status == AMQP_STATUS_OK) status = send_all(amqp_get_sockfd(state), b->bytes, b->len);
+  b->len = 0;
+  if (b == &local || (b->cap > BUFFER_KEEP && b->cap > 4 * frame_max)) {
+    free(b->bytes);
+    b->bytes = NULL;
+    b->cap = 0;
+  }
   return status;
 }

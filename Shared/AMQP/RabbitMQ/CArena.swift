@@ -1,18 +1,54 @@
 import CRabbitMQ
 import Foundation
 
-/// Owns the C memory built for one rabbitmq-c call (strings, tables) and frees
-/// it all at once. Used only on a connection's owner thread, inside one call.
+/// Owns the C memory built for rabbitmq-c calls (strings, tables, bodies)
+/// and frees it all at once: at `reset()` or when the arena goes. Used only
+/// on a connection's owner thread.
+///
+/// Small pieces are cut from chunks (one malloc per 8 KiB instead of one a
+/// string: a window's properties were 7% of the router's CPU samples as
+/// single mallocs); `reset()` keeps the first chunk, so a connection's
+/// publish arena allocates nothing for a window that fits in it.
 final class CArena {
-    private var blocks: [UnsafeMutableRawPointer] = []
+    private static let chunkSize = 8192
+    /// Pieces larger than this get a block of their own.
+    private static let largePiece = 2048
+    private var chunks: [UnsafeMutableRawPointer] = []
+    private var large: [UnsafeMutableRawPointer] = []
+    /// Where the next piece goes in the last chunk.
+    private var offset = chunkSize
 
     deinit {
-        for b in blocks { free(b) }
+        for b in chunks { free(b) }
+        for b in large { free(b) }
     }
 
+    /// Frees every piece; the first chunk stays for the next use.
+    func reset() {
+        for b in large { free(b) }
+        large.removeAll(keepingCapacity: true)
+        if chunks.count > 1 {
+            for b in chunks[1...] { free(b) }
+            chunks.removeSubrange(1...)
+        }
+        offset = chunks.isEmpty ? Self.chunkSize : 0
+    }
+
+    /// `size` bytes aligned to 16, valid until `reset()` or the arena's end.
     func allocate(_ size: Int) -> UnsafeMutableRawPointer {
-        let p = malloc(max(size, 1))!
-        blocks.append(p)
+        let size = max(size, 1)
+        if size > Self.largePiece {
+            let p = malloc(size)!
+            large.append(p)
+            return p
+        }
+        let rounded = (size + 15) & ~15
+        if offset + rounded > Self.chunkSize {
+            chunks.append(malloc(Self.chunkSize)!)
+            offset = 0
+        }
+        let p = chunks[chunks.count - 1] + offset
+        offset += rounded
         return p
     }
 

@@ -11,6 +11,8 @@ struct ConsumerSink: Sendable {
 final class PublishBatch {
     var results: [Result<Void, AMQPError>?]
     var remaining: Int
+    /// What was published: a basic.return is matched against these.
+    var messages: [OutboundMessage] = []
     /// Called once, on the connection thread, with every result or the error.
     let complete: (Result<[Result<Void, AMQPError>], Error>) -> Void
 
@@ -28,16 +30,92 @@ final class PublishBatch {
     }
 }
 
-/// A publish waiting for its confirm.
+/// A publish waiting for its confirm: message `index` of `batch`.
 struct PendingPublish {
     let batch: PublishBatch
     let index: Int
-    /// For mandatory publishes: what a basic.return is matched against.
-    let exchange: String?
-    let routingKey: String?
-    let body: Data?
     var returned: ReturnedMessage?
     let publishedAt: ContinuousClock.Instant
+}
+
+/// The publishes of a channel that wait for their confirms, by sequence
+/// number: a ring over `lowest ..< lowest + span`, with a hole where a
+/// confirm came out of order (a message routed to a stream and a quorum
+/// queue). Sequence numbers are consecutive, so a slot is found by
+/// subtraction, not hashing.
+struct PendingWindow {
+    private var slots: [PendingPublish?] = Array(repeating: nil, count: 16)
+    /// The slot of `lowest`.
+    private var head = 0
+    /// The lowest sequence number that may still wait.
+    private(set) var lowest: UInt64 = 1
+    /// How many sequence numbers from `lowest` the ring covers (waiting or holes).
+    private(set) var span = 0
+    /// How many wait.
+    private(set) var count = 0
+
+    var isEmpty: Bool { count == 0 }
+    /// The sequence number the next `append` takes.
+    var next: UInt64 { lowest &+ UInt64(span) }
+
+    private func slot(_ seq: UInt64) -> Int? {
+        guard seq >= lowest, seq - lowest < UInt64(span) else { return nil }
+        return (head + Int(seq - lowest)) % slots.count
+    }
+
+    /// Adds the publish with sequence number `next`.
+    mutating func append(_ p: PendingPublish) {
+        if span == slots.count {
+            // Full: unroll into a ring twice the size.
+            var grown: [PendingPublish?] = Array(repeating: nil, count: slots.count * 2)
+            for i in 0..<span { grown[i] = slots[(head + i) % slots.count] }
+            slots = grown
+            head = 0
+        }
+        slots[(head + span) % slots.count] = p
+        span += 1
+        count += 1
+    }
+
+    subscript(seq: UInt64) -> PendingPublish? {
+        guard let i = slot(seq) else { return nil }
+        return slots[i]
+    }
+
+    /// Replaces the waiting publish `seq` (no effect if it does not wait).
+    mutating func update(_ seq: UInt64, _ p: PendingPublish) {
+        guard let i = slot(seq), slots[i] != nil else { return }
+        slots[i] = p
+    }
+
+    mutating func remove(_ seq: UInt64) -> PendingPublish? {
+        guard let i = slot(seq), let p = slots[i] else { return nil }
+        slots[i] = nil
+        count -= 1
+        // Move `lowest` past the holes at the front.
+        while span > 0, slots[head] == nil {
+            head = (head + 1) % slots.count
+            lowest += 1
+            span -= 1
+        }
+        return p
+    }
+
+    /// Every waiting publish, lowest sequence number first; the window is empty after.
+    mutating func removeAll() -> [PendingPublish] {
+        var all: [PendingPublish] = []
+        all.reserveCapacity(count)
+        for i in 0..<span {
+            if let p = slots[(head + i) % slots.count] { all.append(p) }
+        }
+        let after = next
+        slots = Array(repeating: nil, count: 16)
+        head = 0
+        span = 0
+        count = 0
+        lowest = after
+        return all
+    }
 }
 
 /// One open channel, seen from the owner thread.
@@ -48,9 +126,7 @@ final class ChannelState {
     let epoch: UInt64
     var closedError: AMQPError?
     var confirming = false
-    var nextPublishSeq: UInt64 = 1
-    var lowestPending: UInt64 = 1
-    var pending: [UInt64: PendingPublish] = [:]
+    var pending = PendingWindow()
     var consumers: [String: ConsumerSink] = [:]
 
     init(id: UInt16, epoch: UInt64) {
@@ -62,11 +138,7 @@ final class ChannelState {
     func fail(_ error: AMQPError) {
         guard closedError == nil else { return }
         closedError = error
-        for seq in pending.keys.sorted() {
-            let p = pending[seq]!
-            p.batch.resolve(p.index, .failure(error))
-        }
-        pending.removeAll()
+        for p in pending.removeAll() { p.batch.resolve(p.index, .failure(error)) }
         let sinks = consumers.values
         consumers.removeAll()
         for s in sinks { s.finish(error) }
@@ -74,9 +146,14 @@ final class ChannelState {
 
     /// Applies basic.ack / basic.nack for `tag` (and below it when `multiple`).
     func confirm(tag: UInt64, multiple: Bool, ack: Bool) {
-        let range: ClosedRange<UInt64> = multiple ? min(lowestPending, tag)...tag : tag...tag
-        for seq in range {
-            guard let p = pending.removeValue(forKey: seq) else { continue }
+        // A tag beyond what was published, or a range reaching back past the
+        // lowest waiting one, only covers what waits: no loop over numbers
+        // the broker made up.
+        let upper = min(tag, pending.next &- 1)
+        let lower = multiple ? pending.lowest : tag
+        guard lower <= upper else { return }
+        for seq in lower...upper {
+            guard let p = pending.remove(seq) else { continue }
             if let r = p.returned {
                 p.batch.resolve(p.index, .failure(AMQPError(
                     .returned, "the broker returned the message: \(AMQPError.replyName(r.replyCode)) \(r.replyText)",
@@ -87,35 +164,32 @@ final class ChannelState {
                 p.batch.resolve(p.index, .failure(AMQPError(.nacked, "the broker nacked the message")))
             }
         }
-        while lowestPending < nextPublishSeq, pending[lowestPending] == nil { lowestPending += 1 }
     }
 
     /// Fails publishes whose confirm has not come within `timeout` (a
     /// blocked or overloaded broker); a late confirm then changes nothing.
     func expireConfirms(olderThan timeout: Duration, now: ContinuousClock.Instant) {
-        while lowestPending < nextPublishSeq {
-            guard let p = pending[lowestPending] else {
-                lowestPending += 1
-                continue
-            }
+        while !pending.isEmpty {
+            let seq = pending.lowest
+            guard let p = pending[seq] else { return }  // cannot be: the lowest always waits
             guard now - p.publishedAt >= timeout else { return }
-            pending[lowestPending] = nil
+            _ = pending.remove(seq)
             p.batch.resolve(p.index, .failure(AMQPError(
                 .timeout, "no publisher confirm within \(timeout); the broker may be blocked or overloaded")))
-            lowestPending += 1
         }
     }
 
     /// Marks the earliest waiting mandatory publish that matches a basic.return.
     func markReturned(_ r: ReturnedMessage) {
-        var seq = lowestPending
-        while seq < nextPublishSeq {
-            if var p = pending[seq], p.returned == nil, p.exchange == r.exchange,
-                p.routingKey == r.routingKey, p.body == r.body
-            {
-                p.returned = r
-                pending[seq] = p
-                return
+        var seq = pending.lowest
+        while seq < pending.next {
+            if var p = pending[seq], p.returned == nil {
+                let m = p.batch.messages[p.index]
+                if m.mandatory, m.exchange == r.exchange, m.routingKey == r.routingKey, m.body == r.body {
+                    p.returned = r
+                    pending.update(seq, p)
+                    return
+                }
             }
             seq += 1
         }

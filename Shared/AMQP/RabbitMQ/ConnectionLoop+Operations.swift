@@ -88,10 +88,12 @@ extension ConnectionLoop {
             }
             return
         }
+        batch.messages = messages
         if writesWindows {
-            let arena = CArena()
-            let properties = UnsafeMutablePointer<amqp_basic_properties_t>.allocate(capacity: messages.count)
-            defer { properties.deallocate() }
+            let arena = publishArena
+            defer { arena.reset() }
+            let properties = arena.allocate(MemoryLayout<amqp_basic_properties_t>.stride * messages.count)
+                .bindMemory(to: amqp_basic_properties_t.self, capacity: messages.count)
             var window: [fd_publish_t] = []
             window.reserveCapacity(messages.count)
             for (i, message) in messages.enumerated() {
@@ -100,14 +102,14 @@ extension ConnectionLoop {
                     exchange: arena.bytes(message.exchange), routing_key: arena.bytes(message.routingKey),
                     mandatory: flag(message.mandatory), properties: properties + i, body: arena.bytes(message.body)))
             }
-            let rc = fd_amqp_publish_window(conn, ch.id, window, window.count)
+            let rc = fd_amqp_publish_window(conn, ch.id, window, window.count, windowBuffer)
             if rc != AMQP_STATUS_OK.rawValue {
                 let error = AMQPError.library(rc, "publishing a window of \(messages.count)")
                 fail(error)
                 for i in messages.indices { batch.resolve(i, .failure(error)) }
                 return
             }
-            for (i, message) in messages.enumerated() { published(ch, message, index: i, batch: batch) }
+            for i in messages.indices { published(ch, index: i, batch: batch) }
             return
         }
         for (i, message) in messages.enumerated() {
@@ -125,20 +127,14 @@ extension ConnectionLoop {
                 for j in i..<messages.count { batch.resolve(j, .failure(error)) }
                 return
             }
-            published(ch, message, index: i, batch: batch)
+            published(ch, index: i, batch: batch)
         }
     }
 
     /// Tracks a written message's confirm (or resolves it at once without confirms).
-    private func published(_ ch: ChannelState, _ message: OutboundMessage, index i: Int, batch: PublishBatch) {
+    private func published(_ ch: ChannelState, index i: Int, batch: PublishBatch) {
         if ch.confirming {
-            let seq = ch.nextPublishSeq
-            ch.nextPublishSeq += 1
-            ch.pending[seq] = PendingPublish(
-                batch: batch, index: i,
-                exchange: message.mandatory ? message.exchange : nil,
-                routingKey: message.mandatory ? message.routingKey : nil,
-                body: message.mandatory ? message.body : nil, publishedAt: .now)
+            ch.pending.append(PendingPublish(batch: batch, index: i, publishedAt: .now))
         } else {
             batch.resolve(i, .success(()))
         }

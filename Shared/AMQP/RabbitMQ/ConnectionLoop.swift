@@ -22,6 +22,11 @@ final class ConnectionLoop {
     private var closeRequested = false
     private var lastHeartbeatSent = ContinuousClock.now
 
+    /// The C memory of the window being published, reset after each.
+    let publishArena = CArena()
+    /// The bytes of the window being published, kept for the next.
+    let windowBuffer: OpaquePointer? = fd_buffer_create()
+
     let confirmTimeout: Duration
     private var lastConfirmSweep = ContinuousClock.now
 
@@ -34,6 +39,8 @@ final class ConnectionLoop {
         let max = Int(amqp_get_channel_max(conn))
         channelMax = max == 0 ? 65535 : max
     }
+
+    deinit { fd_buffer_free(windowBuffer) }
 
     /// Runs until the connection ends, then fails what is left and frees the handle.
     func run() {

@@ -70,14 +70,21 @@ typedef struct {
   amqp_bytes_t body;
 } fd_publish_t;
 
+/// The output buffer a connection keeps for its publish windows.
+typedef struct fd_buffer fd_buffer_t;
+fd_buffer_t *fd_buffer_create(void);
+void fd_buffer_free(fd_buffer_t *buffer);
+
 /// Encodes a window of basic.publish (method, header and body frames, the
 /// same bytes amqp_basic_publish writes) into one buffer and writes it with
 /// as few send(2) calls as the socket takes; rabbitmq-c makes three calls a
 /// message. Plain TCP sockets only (TLS must go through rabbitmq-c). Returns
 /// AMQP_STATUS_OK or an error status; after an error the connection's
-/// stream is in an unknown state.
+/// stream is in an unknown state. The window is encoded into `buffer`,
+/// which keeps its memory for the next window (up to 1 MiB, or four frames
+/// when frames are larger); with NULL, the call uses a buffer of its own.
 int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel,
-                           const fd_publish_t *messages, size_t count);
+                           const fd_publish_t *messages, size_t count, fd_buffer_t *buffer);
 
 /// A non-blocking, close-on-exec eventfd, or -1. Exists because Swift's Glibc
 /// module does not export <sys/eventfd.h>; it wakes a connection's owner

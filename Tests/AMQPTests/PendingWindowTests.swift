@@ -1,0 +1,147 @@
+@testable import AMQP
+import Foundation
+import Testing
+
+@Suite("Publishes waiting for confirms, and the C arena")
+struct PendingWindowTests {
+    /// A channel with `n` confirmed-mode publishes in one batch; returns the
+    /// channel and the batch's results once it completes.
+    private func channel(publishing n: Int) -> (ChannelState, PublishBatch, () -> [Result<Void, AMQPError>]?) {
+        let ch = ChannelState(id: 1, epoch: 1)
+        nonisolated(unsafe) var outcome: [Result<Void, AMQPError>]?
+        let batch = PublishBatch(count: n) { result in outcome = try? result.get() }
+        batch.messages = (0..<n).map { OutboundMessage(exchange: "", routingKey: "q", body: Data("\($0)".utf8), mandatory: true) }
+        let now = ContinuousClock.now
+        for i in 0..<n { ch.pending.append(PendingPublish(batch: batch, index: i, publishedAt: now)) }
+        return (ch, batch, { outcome })
+    }
+
+    private func succeeded(_ r: Result<Void, AMQPError>) -> Bool {
+        if case .success = r { return true }
+        return false
+    }
+
+    @Test func outOfOrderConfirmsLeaveHolesThatCloseFromTheFront() {
+        let (ch, _, outcome) = channel(publishing: 40)  // past the ring's first 16 slots: it grows
+        #expect(ch.pending.count == 40 && ch.pending.next == 41)
+        ch.confirm(tag: 3, multiple: false, ack: true)
+        ch.confirm(tag: 2, multiple: false, ack: false)
+        #expect(ch.pending.lowest == 1 && ch.pending.count == 38)
+        ch.confirm(tag: 1, multiple: false, ack: true)
+        #expect(ch.pending.lowest == 4)
+        ch.confirm(tag: 30, multiple: true, ack: true)
+        #expect(ch.pending.lowest == 31 && ch.pending.count == 10)
+        #expect(outcome() == nil)
+        ch.confirm(tag: 40, multiple: true, ack: true)
+        #expect(ch.pending.isEmpty && ch.pending.lowest == 41)
+        let results = outcome() ?? []
+        #expect(results.count == 40)
+        #expect(results.enumerated().allSatisfy { i, r in succeeded(r) == (i != 1) })
+    }
+
+    @Test func theRingWrapsAroundAndGrowsWhileWrapped() {
+        let ch = ChannelState(id: 1, epoch: 1)
+        nonisolated(unsafe) var resolved = 0
+        let batch = PublishBatch(count: 1000) { _ in }
+        batch.messages = Array(repeating: OutboundMessage(exchange: "", routingKey: "q", body: Data()), count: 1000)
+        let now = ContinuousClock.now
+        var published = 0
+        // Keep 10 waiting, confirm the oldest one by one: the head walks round the 16 slots.
+        for _ in 0..<100 {
+            ch.pending.append(PendingPublish(batch: batch, index: published, publishedAt: now))
+            published += 1
+            if ch.pending.count > 10 {
+                ch.confirm(tag: ch.pending.lowest, multiple: false, ack: true)
+                resolved += 1
+            }
+        }
+        // Now grow past 16 while the head is mid-ring; order must survive.
+        for _ in 0..<30 {
+            ch.pending.append(PendingPublish(batch: batch, index: published, publishedAt: now))
+            published += 1
+        }
+        #expect(ch.pending.count == 40)
+        var seq = ch.pending.lowest
+        var expectedIndex = published - 40
+        while seq < ch.pending.next {
+            #expect(ch.pending[seq]?.index == expectedIndex)
+            seq += 1
+            expectedIndex += 1
+        }
+        #expect(resolved == 90)
+    }
+
+    @Test func confirmsTheBrokerMadeUpChangeNothing() {
+        let (ch, _, outcome) = channel(publishing: 3)
+        ch.confirm(tag: 0, multiple: false, ack: true)
+        ch.confirm(tag: 9, multiple: false, ack: true)
+        ch.confirm(tag: 2, multiple: false, ack: true)
+        ch.confirm(tag: 2, multiple: false, ack: true)  // twice
+        #expect(ch.pending.count == 2)
+        // A huge multiple tag covers only what waits, without walking to it.
+        ch.confirm(tag: .max, multiple: true, ack: true)
+        #expect(ch.pending.isEmpty)
+        #expect(outcome()?.count == 3)
+    }
+
+    @Test func aReturnMarksTheEarliestMatchingMandatoryPublish() {
+        let (ch, _, outcome) = channel(publishing: 3)
+        let returned = ReturnedMessage(
+            replyCode: 312, replyText: "NO_ROUTE", exchange: "", routingKey: "q", body: Data("1".utf8), properties: AMQPProperties())
+        ch.markReturned(returned)
+        ch.confirm(tag: 3, multiple: true, ack: true)
+        let results = outcome() ?? []
+        #expect(results.count == 3)
+        #expect(succeeded(results[0]) && succeeded(results[2]))
+        if case .failure(let e) = results[1] { #expect(e.code == .returned) } else { Issue.record("not returned") }
+    }
+
+    @Test func failingTheChannelFailsEveryWaitingPublishOnce() {
+        let (ch, _, outcome) = channel(publishing: 20)
+        ch.confirm(tag: 5, multiple: false, ack: true)
+        ch.fail(AMQPError(.channelClosed, "gone"))
+        #expect(ch.pending.isEmpty && ch.pending.next == 21)
+        let results = outcome() ?? []
+        #expect(results.count == 20)
+        #expect(results.enumerated().allSatisfy { i, r in succeeded(r) == (i == 4) })
+    }
+
+    @Test func overdueConfirmsExpireOldestFirstAndStopAtAFreshOne() {
+        let ch = ChannelState(id: 1, epoch: 1)
+        nonisolated(unsafe) var outcome: [Result<Void, AMQPError>]?
+        let batch = PublishBatch(count: 3) { outcome = try? $0.get() }
+        batch.messages = Array(repeating: OutboundMessage(exchange: "", routingKey: "q", body: Data()), count: 3)
+        let start = ContinuousClock.now
+        ch.pending.append(PendingPublish(batch: batch, index: 0, publishedAt: start))
+        ch.pending.append(PendingPublish(batch: batch, index: 1, publishedAt: start))
+        ch.pending.append(PendingPublish(batch: batch, index: 2, publishedAt: start + .seconds(10)))
+        ch.expireConfirms(olderThan: .seconds(5), now: start + .seconds(6))
+        #expect(ch.pending.count == 1 && ch.pending.lowest == 3)
+        ch.confirm(tag: 3, multiple: false, ack: true)
+        let results = outcome ?? []
+        #expect(results.count == 3 && !succeeded(results[0]) && !succeeded(results[1]) && succeeded(results[2]))
+    }
+
+    @Test func theArenaKeepsPiecesApartAlignedAndIntactAcrossChunksAndResets() {
+        let arena = CArena()
+        for round in 0..<3 {
+            var pieces: [(amqp: (Int, UnsafeMutableRawPointer), byte: UInt8)] = []
+            // Small pieces over several 8 KiB chunks, and a few large ones.
+            for i in 0..<600 {
+                let size = i % 50 == 0 ? 5000 : 1 + i % 97
+                let p = arena.allocate(size)
+                #expect(Int(bitPattern: p) % 16 == 0)
+                let byte = UInt8(truncatingIfNeeded: i &+ round)
+                p.initializeMemory(as: UInt8.self, repeating: byte, count: size)
+                pieces.append(((size, p), byte))
+            }
+            for ((size, p), byte) in pieces {
+                let bytes = UnsafeRawBufferPointer(start: p, count: size)
+                #expect(bytes.allSatisfy { $0 == byte })
+            }
+            let text = arena.bytes("routing.key.\(round)")
+            #expect(text.string == "routing.key.\(round)")
+            arena.reset()
+        }
+    }
+}
