@@ -14,7 +14,12 @@ public final class ConnectionTaskExecutor: TaskExecutor {
     public func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
         let executor = asUnownedTaskExecutor()
-        if let core = current(), core.submit({ _ in unowned.runSynchronously(on: executor) }) { return }
+        // What earlier commands buffered goes out before the job runs: a
+        // job's work must not delay the acks and publishes queued ahead of it.
+        if let core = current(), core.submit({ loop in
+            loop.flushOutput()
+            unowned.runSynchronously(on: executor)
+        }) { return }
         globalConcurrentExecutor.enqueue(ExecutorJob(unowned))
     }
 }

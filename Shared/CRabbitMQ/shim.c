@@ -72,16 +72,16 @@ static void put64(uint8_t *p, uint64_t v) {
   put32(p + 4, (uint32_t)v);
 }
 
-/// A growing output buffer, kept by its connection from one window to the
-/// next: grown once to what its windows need, then reused.
+/// A growing output buffer, kept by its connection from one flush to the
+/// next: grown once to what a turn of its loop writes, then reused.
 struct fd_buffer {
   uint8_t *bytes;
   size_t len, cap;
 };
 typedef struct fd_buffer fd_buffer_t;
 
-/// What a buffer may keep between windows; one grown past it by a burst of
-/// large bodies is given back after its window.
+/// What a buffer may keep between flushes; one grown past it by a burst of
+/// large bodies is given back after its flush.
 enum { BUFFER_KEEP = 1 << 20 };
 
 fd_buffer_t *fd_buffer_create(void) { return calloc(1, sizeof(fd_buffer_t)); }
@@ -143,35 +143,41 @@ static size_t close_frame(uint8_t *f, uint8_t type, amqp_channel_t channel, size
   return FRAME_OVERHEAD + payload;
 }
 
-int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel,
-                           const fd_publish_t *messages, size_t count, fd_buffer_t *buffer) {
+/// Appends one method frame (method id and encoded arguments) to `b`.
+static int append_method(fd_buffer_t *b, amqp_channel_t channel, amqp_method_number_t id, void *decoded,
+                         size_t room) {
+  if (!reserve(b, FRAME_OVERHEAD + 4 + room)) return AMQP_STATUS_NO_MEMORY;
+  uint8_t *f = b->bytes + b->len;
+  put32(f + FRAME_HEADER, id);
+  amqp_bytes_t args = {.len = room, .bytes = f + FRAME_HEADER + 4};
+  int n = amqp_encode_method(id, decoded, args);
+  if (n < 0) return n;
+  b->len += close_frame(f, AMQP_FRAME_METHOD, channel, 4 + (size_t)n);
+  return AMQP_STATUS_OK;
+}
+
+int fd_amqp_append_publishes(amqp_connection_state_t state, amqp_channel_t channel,
+                             const fd_publish_t *messages, size_t count, fd_buffer_t *b) {
   size_t frame_max = (size_t)amqp_get_frame_max(state);
   if (frame_max < 4096) frame_max = 4096;
   size_t chunk = frame_max - FRAME_OVERHEAD;
-  fd_buffer_t local = {NULL, 0, 0};
-  fd_buffer_t *b = buffer ? buffer : &local;
-  b->len = 0;
+  size_t start = b->len;
   int status = AMQP_STATUS_OK;
   for (size_t i = 0; i < count && status == AMQP_STATUS_OK; i++) {
     const fd_publish_t *m = &messages[i];
     // Method frame: basic.publish and its arguments.
-    if (!reserve(b, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
-    uint8_t *f = b->bytes + b->len;
     amqp_basic_publish_t publish = {.ticket = 0, .exchange = m->exchange, .routing_key = m->routing_key,
                                     .mandatory = m->mandatory, .immediate = 0};
-    put32(f + FRAME_HEADER, AMQP_BASIC_PUBLISH_METHOD);
-    amqp_bytes_t args = {.len = chunk - 4, .bytes = f + FRAME_HEADER + 4};
-    int n = amqp_encode_method(AMQP_BASIC_PUBLISH_METHOD, &publish, args);
-    if (n < 0) { status = n; break; }
-    b->len += close_frame(f, AMQP_FRAME_METHOD, channel, 4 + (size_t)n);
+    status = append_method(b, channel, AMQP_BASIC_PUBLISH_METHOD, &publish, chunk - 4);
+    if (status != AMQP_STATUS_OK) break;
     // Header frame: class, weight, body size, properties.
     if (!reserve(b, frame_max)) { status = AMQP_STATUS_NO_MEMORY; break; }
-    f = b->bytes + b->len;
+    uint8_t *f = b->bytes + b->len;
     put16(f + FRAME_HEADER, AMQP_BASIC_CLASS);
     put16(f + FRAME_HEADER + 2, 0);
     put64(f + FRAME_HEADER + 4, (uint64_t)m->body.len);
     amqp_bytes_t props = {.len = chunk - 12, .bytes = f + FRAME_HEADER + 12};
-    n = amqp_encode_properties(AMQP_BASIC_CLASS, (void *)m->properties, props);
+    int n = amqp_encode_properties(AMQP_BASIC_CLASS, (void *)m->properties, props);
     if (n < 0) { status = n; break; }
     b->len += close_frame(f, AMQP_FRAME_HEADER, channel, 12 + (size_t)n);
     // Body frames of at most frame_max.
@@ -183,9 +189,37 @@ int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel
       b->len += close_frame(f, AMQP_FRAME_BODY, channel, size);
     }
   }
-  if (status == AMQP_STATUS_OK) status = send_all(amqp_get_sockfd(state), b->bytes, b->len);
+  // A window that failed to encode leaves nothing of itself behind.
+  if (status != AMQP_STATUS_OK) b->len = start;
+  return status;
+}
+
+/// Room for the arguments of basic.ack, nack or reject (a tag and a bit field).
+enum { ACK_ARGS_ROOM = 32 };
+
+int fd_amqp_append_ack(fd_buffer_t *b, amqp_channel_t channel, uint64_t tag, amqp_boolean_t multiple) {
+  amqp_basic_ack_t m = {.delivery_tag = tag, .multiple = multiple};
+  return append_method(b, channel, AMQP_BASIC_ACK_METHOD, &m, ACK_ARGS_ROOM);
+}
+
+int fd_amqp_append_nack(fd_buffer_t *b, amqp_channel_t channel, uint64_t tag, amqp_boolean_t multiple,
+                        amqp_boolean_t requeue) {
+  amqp_basic_nack_t m = {.delivery_tag = tag, .multiple = multiple, .requeue = requeue};
+  return append_method(b, channel, AMQP_BASIC_NACK_METHOD, &m, ACK_ARGS_ROOM);
+}
+
+int fd_amqp_append_reject(fd_buffer_t *b, amqp_channel_t channel, uint64_t tag, amqp_boolean_t requeue) {
+  amqp_basic_reject_t m = {.delivery_tag = tag, .requeue = requeue};
+  return append_method(b, channel, AMQP_BASIC_REJECT_METHOD, &m, ACK_ARGS_ROOM);
+}
+
+size_t fd_buffer_length(const fd_buffer_t *b) { return b ? b->len : 0; }
+
+int fd_buffer_flush(amqp_connection_state_t state, fd_buffer_t *b) {
+  int status = b->len > 0 ? send_all(amqp_get_sockfd(state), b->bytes, b->len) : AMQP_STATUS_OK;
   b->len = 0;
-  if (b == &local || (b->cap > BUFFER_KEEP && b->cap > 4 * frame_max)) {
+  size_t frame_max = (size_t)amqp_get_frame_max(state);
+  if (b->cap > BUFFER_KEEP && b->cap > 4 * frame_max) {
     free(b->bytes);
     b->bytes = NULL;
     b->cap = 0;

@@ -131,6 +131,45 @@ extension BrokerIntegration {
 extension BrokerIntegration {
     @Suite("Settling deliveries and broker alarms", .timeLimit(.minutes(1)))
     struct SettlementTests {
+        /// Acks and publishes are written once a turn of the connection's
+        /// loop; whatever follows them through rabbitmq-c itself (a channel
+        /// or connection close) must still reach the broker after them.
+        @Test func bufferedAcksAndPublishesReachTheBrokerBeforeACloseThatFollows() async throws {
+            let count = 200
+            let queue = TestBroker.uniqueName("ordered")
+            let setup = try await TestBroker.connect("ordered-setup")
+            defer { Task { await setup.close() } }
+            let control = try await setup.openChannel()
+            try await control.queueDeclare(queue, durable: false)
+
+            // Publishes without confirms, then the connection's close at once.
+            let publisher = try await TestBroker.connect("ordered-publish")
+            let unconfirmed = try await publisher.openChannel()
+            _ = try await unconfirmed.publish((0..<count).map {
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("\($0)".utf8))
+            })
+            await publisher.close()
+            try await waitUntil("all \(count) unconfirmed publishes are in the queue") {
+                try await control.queueDeclare(queue, passive: true).messageCount == UInt32(count)
+            }
+
+            // Acks of every delivery, then the channel's close at once: an ack
+            // written after the close would leave its message to be requeued.
+            let consumer = try await TestBroker.connect("ordered-ack")
+            let channel = try await consumer.openChannel()
+            try await channel.qos(prefetchCount: UInt16(count))
+            var iterator = try await channel.consume(queue: queue).makeAsyncIterator()
+            for _ in 0..<count { try #require(try await iterator.next()).ack() }
+            await channel.close()
+            // An ack written after the close would also be a frame on a closed
+            // channel, which the broker answers by closing the connection.
+            let after = try await consumer.withChannel { try await $0.queueDeclare(queue, passive: true) }
+            #expect(after.messageCount == 0)
+            #expect(try await control.queueDeclare(queue, passive: true).messageCount == 0)
+            await consumer.close()
+            try await control.queueDelete(queue)
+        }
+
         @Test func rejectDeadLettersAndNackRequeues() async throws {
             let connection = try await TestBroker.connect("settle")
             let channel = try await connection.openChannel()

@@ -97,6 +97,7 @@ extension ConnectionLoop {
         guard let ch = channels[channelID], ch.closedError == nil else { return }
         guard let sink = ch.consumers[consumerTag] else {
             // A delivery that raced with a cancel: hand it back to the queue.
+            flushOutput()
             _ = amqp_basic_reject(conn, channelID, m.delivery_tag, 1)
             return
         }

@@ -8,6 +8,7 @@ extension ConnectionLoop {
         _ ch: ChannelState, name: String, type: String, passive: Bool, durable: Bool,
         autoDelete: Bool, internal isInternal: Bool, arguments: FieldTable?
     ) throws {
+        flushOutput()
         let arena = CArena()
         amqp_exchange_declare(
             conn, ch.id, arena.bytes(name), arena.bytes(type), flag(passive), flag(durable),
@@ -16,12 +17,14 @@ extension ConnectionLoop {
     }
 
     func exchangeDelete(_ ch: ChannelState, name: String, ifUnused: Bool) throws {
+        flushOutput()
         let arena = CArena()
         amqp_exchange_delete(conn, ch.id, arena.bytes(name), flag(ifUnused))
         try check(amqp_get_rpc_reply(conn), channel: ch, "deleting exchange '\(name)'")
     }
 
     func exchangeBind(_ ch: ChannelState, destination: String, source: String, routingKey: String, arguments: FieldTable?) throws {
+        flushOutput()
         let arena = CArena()
         amqp_exchange_bind(
             conn, ch.id, arena.bytes(destination), arena.bytes(source), arena.bytes(routingKey), arena.table(arguments))
@@ -32,6 +35,7 @@ extension ConnectionLoop {
         _ ch: ChannelState, name: String, passive: Bool, durable: Bool, exclusive: Bool,
         autoDelete: Bool, arguments: FieldTable?
     ) throws -> QueueDeclareResult {
+        flushOutput()
         let arena = CArena()
         let ok = amqp_queue_declare(
             conn, ch.id, arena.bytes(name), flag(passive), flag(durable), flag(exclusive),
@@ -44,6 +48,7 @@ extension ConnectionLoop {
     }
 
     func queueBind(_ ch: ChannelState, queue: String, exchange: String, routingKey: String, arguments: FieldTable?, bind: Bool) throws {
+        flushOutput()
         let arena = CArena()
         if bind {
             amqp_queue_bind(conn, ch.id, arena.bytes(queue), arena.bytes(exchange), arena.bytes(routingKey), arena.table(arguments))
@@ -54,6 +59,7 @@ extension ConnectionLoop {
     }
 
     func queueDelete(_ ch: ChannelState, name: String, ifUnused: Bool, ifEmpty: Bool) throws -> UInt32 {
+        flushOutput()
         let arena = CArena()
         let ok = amqp_queue_delete(conn, ch.id, arena.bytes(name), flag(ifUnused), flag(ifEmpty))
         try check(amqp_get_rpc_reply(conn), channel: ch, "deleting queue '\(name)'")
@@ -61,6 +67,7 @@ extension ConnectionLoop {
     }
 
     func queuePurge(_ ch: ChannelState, name: String) throws -> UInt32 {
+        flushOutput()
         let arena = CArena()
         let ok = amqp_queue_purge(conn, ch.id, arena.bytes(name))
         try check(amqp_get_rpc_reply(conn), channel: ch, "purging queue '\(name)'")
@@ -68,12 +75,14 @@ extension ConnectionLoop {
     }
 
     func qos(_ ch: ChannelState, prefetchCount: UInt16, global: Bool) throws {
+        flushOutput()
         amqp_basic_qos(conn, ch.id, 0, prefetchCount, flag(global))
         try check(amqp_get_rpc_reply(conn), channel: ch, "setting prefetch \(prefetchCount)")
     }
 
     func confirmSelect(_ ch: ChannelState) throws {
         guard !ch.confirming else { return }
+        flushOutput()
         amqp_confirm_select(conn, ch.id)
         try check(amqp_get_rpc_reply(conn), channel: ch, "turning on publisher confirms")
         ch.confirming = true
@@ -102,12 +111,24 @@ extension ConnectionLoop {
                     exchange: arena.bytes(message.exchange), routing_key: arena.bytes(message.routingKey),
                     mandatory: flag(message.mandatory), properties: properties + i, body: arena.bytes(message.body)))
             }
-            let rc = fd_amqp_publish_window(conn, ch.id, window, window.count, windowBuffer)
+            // Written with the turn's other output (flushOutput): the
+            // confirms are tracked from here, and a failed write fails them.
+            let rc = fd_amqp_append_publishes(conn, ch.id, window, window.count, output)
             if rc != AMQP_STATUS_OK.rawValue {
                 let error = AMQPError.library(rc, "publishing a window of \(messages.count)")
                 fail(error)
                 for i in messages.indices { batch.resolve(i, .failure(error)) }
                 return
+            }
+            if ch.confirming {
+                flushOutputIfLarge()
+            } else {
+                // Without confirms, success means written: write it now.
+                flushOutput()
+                if let failure {
+                    for i in messages.indices { batch.resolve(i, .failure(failure)) }
+                    return
+                }
             }
             for i in messages.indices { published(ch, index: i, batch: batch) }
             return
@@ -144,6 +165,7 @@ extension ConnectionLoop {
         _ ch: ChannelState, queue: String, consumerTag: String, noAck: Bool, exclusive: Bool,
         arguments: FieldTable?, sink: ConsumerSink
     ) throws -> String {
+        flushOutput()
         let arena = CArena()
         let ok = amqp_basic_consume(
             conn, ch.id, arena.bytes(queue), arena.bytes(consumerTag), 0, flag(noAck), flag(exclusive),
@@ -157,6 +179,7 @@ extension ConnectionLoop {
 
     func cancel(_ ch: ChannelState, consumerTag: String) throws {
         guard let sink = ch.consumers[consumerTag] else { return }
+        flushOutput()
         let arena = CArena()
         amqp_basic_cancel(conn, ch.id, arena.bytes(consumerTag))
         try check(amqp_get_rpc_reply(conn), channel: ch, "cancelling consumer \(consumerTag)")
@@ -166,6 +189,20 @@ extension ConnectionLoop {
 
     func acknowledge(_ ch: ChannelState, tag: UInt64, kind: AcknowledgementKind) throws {
         let rc: Int32
+        if writesWindows {
+            // Buffered with the turn's other output (flushOutput).
+            switch kind {
+            case .ack(let multiple):
+                rc = fd_amqp_append_ack(output, ch.id, tag, flag(multiple))
+            case .nack(let multiple, let requeue):
+                rc = fd_amqp_append_nack(output, ch.id, tag, flag(multiple), flag(requeue))
+            case .reject(let requeue):
+                rc = fd_amqp_append_reject(output, ch.id, tag, flag(requeue))
+            }
+            try checkStatus(rc, "acknowledging delivery \(tag)")
+            flushOutputIfLarge()
+            return
+        }
         switch kind {
         case .ack(let multiple):
             rc = amqp_basic_ack(conn, ch.id, tag, flag(multiple))

@@ -11,8 +11,9 @@ final class ConnectionLoop {
     let conn: amqp_connection_state_t
     let heartbeatSeconds: Int
     let channelMax: Int
-    /// Plain TCP: publish windows are written as one buffer (`fd_amqp_publish_window`);
-    /// over TLS every frame goes through rabbitmq-c.
+    /// Plain TCP: publish windows and acknowledgements are encoded into
+    /// `output` and written once a turn of the loop (`flushOutput`); over TLS
+    /// every frame goes through rabbitmq-c.
     let writesWindows: Bool
     var channels: [UInt16: ChannelState] = [:]
     private var nextChannelHint: UInt16 = 1
@@ -24,8 +25,12 @@ final class ConnectionLoop {
 
     /// The C memory of the window being published, reset after each.
     let publishArena = CArena()
-    /// The bytes of the window being published, kept for the next.
-    let windowBuffer: OpaquePointer? = fd_buffer_create()
+    /// What this turn of the loop writes (plain TCP), kept for the next turn.
+    /// Anything written through rabbitmq-c itself calls `flushOutput` first,
+    /// so the broker sees every frame in the order it was made.
+    let output: OpaquePointer? = fd_buffer_create()
+    /// Output past this much is written at once rather than at the end of the turn.
+    static let outputFlushBytes = 256 * 1024
 
     let confirmTimeout: Duration
     private var lastConfirmSweep = ContinuousClock.now
@@ -40,7 +45,7 @@ final class ConnectionLoop {
         channelMax = max == 0 ? 65535 : max
     }
 
-    deinit { fd_buffer_free(windowBuffer) }
+    deinit { fd_buffer_free(output) }
 
     /// Runs until the connection ends, then fails what is left and frees the handle.
     func run() {
@@ -54,6 +59,8 @@ final class ConnectionLoop {
         while failure == nil {
             let commands = core.drain()
             for command in commands { command(self) }
+            // One write for the turn's acks and publishes, not one each.
+            flushOutput()
             if closeRequested || failure != nil { break }
             let now = ContinuousClock.now
             if readable || amqp_frames_enqueued(conn) != 0 || amqp_data_in_buffer(conn) != 0 || now - lastRead >= .milliseconds(200) {
@@ -67,12 +74,14 @@ final class ConnectionLoop {
             // Wait at once, without spinning first: measured with
             // pipeline-bench, 50 turns of sched_yield after work cost CPU and
             // bought no latency. `prepareToWait` re-checks for commands.
+            flushOutput()
             if amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0, core.prepareToWait() {
                 readable = waitForInput(timeoutMs: 200)
                 core.finishedWaiting()
             }
         }
         if closeRequested && failure == nil {
+            flushOutput()
             _ = amqp_connection_close(conn, Int32(AMQP_REPLY_SUCCESS))
             failure = AMQPError(.connectionClosed, "the connection \(core.name) was closed")
             finish(nil)
@@ -119,8 +128,22 @@ final class ConnectionLoop {
         let now = ContinuousClock.now
         guard now - lastHeartbeatSent >= .milliseconds(heartbeatSeconds * 1000 / 2) else { return }
         lastHeartbeatSent = now
+        flushOutput()
         let rc = fd_amqp_send_heartbeat(conn)
         if rc != AMQP_STATUS_OK.rawValue { fail(.library(rc, "sending a heartbeat")) }
+    }
+
+    /// Writes what this turn has buffered (a no-op when empty or over TLS).
+    /// A failed write ends the connection, which fails every pending confirm.
+    func flushOutput() {
+        guard failure == nil, fd_buffer_length(output) > 0 else { return }
+        let rc = fd_buffer_flush(conn, output)
+        if rc != AMQP_STATUS_OK.rawValue { fail(.library(rc, "writing to the broker")) }
+    }
+
+    /// Flushes when a burst has buffered more than `outputFlushBytes`.
+    func flushOutputIfLarge() {
+        if fd_buffer_length(output) >= Self.outputFlushBytes { flushOutput() }
     }
 
     /// Ends the connection with `error` (the loop exits at its next turn).
@@ -151,6 +174,7 @@ final class ConnectionLoop {
         guard let id = freeChannelID() else {
             throw AMQPError(.library, "no free channel: all \(channelMax) are open")
         }
+        flushOutput()
         amqp_channel_open(conn, id)
         try check(amqp_get_rpc_reply(conn), channel: nil, "opening channel \(id)")
         let ch = ChannelState(id: id, epoch: nextEpoch)
@@ -171,6 +195,7 @@ final class ConnectionLoop {
     func closeChannel(_ ch: ChannelState) {
         guard channels[ch.id] === ch else { return }
         if ch.closedError == nil {
+            flushOutput()
             _ = amqp_channel_close(conn, ch.id, Int32(AMQP_REPLY_SUCCESS))
         }
         ch.fail(AMQPError(.channelClosed, "channel \(ch.id) was closed"))
@@ -208,6 +233,7 @@ final class ConnectionLoop {
     }
 
     func brokerClosedChannel(_ ch: ChannelState, _ error: AMQPError) {
+        flushOutput()
         var ok = amqp_channel_close_ok_t()
         _ = amqp_send_method(conn, ch.id, FD_CHANNEL_CLOSE_OK, &ok)
         ch.fail(error)
@@ -215,6 +241,7 @@ final class ConnectionLoop {
     }
 
     func brokerClosedConnection(code: UInt16, text: String, context: String) -> AMQPError {
+        flushOutput()
         var ok = amqp_connection_close_ok_t()
         _ = amqp_send_method(conn, 0, FD_CONNECTION_CLOSE_OK, &ok)
         let errorCode: AMQPError.Code = (code == 403 || code == 530) ? .authenticationFailed : .connectionClosed

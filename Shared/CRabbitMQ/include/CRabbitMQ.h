@@ -70,21 +70,32 @@ typedef struct {
   amqp_bytes_t body;
 } fd_publish_t;
 
-/// The output buffer a connection keeps for its publish windows.
+/// The output buffer a connection keeps: what one turn of its loop writes
+/// (publish windows, acknowledgements) goes out in one write.
 typedef struct fd_buffer fd_buffer_t;
 fd_buffer_t *fd_buffer_create(void);
 void fd_buffer_free(fd_buffer_t *buffer);
+size_t fd_buffer_length(const fd_buffer_t *buffer);
 
-/// Encodes a window of basic.publish (method, header and body frames, the
-/// same bytes amqp_basic_publish writes) into one buffer and writes it with
-/// as few send(2) calls as the socket takes; rabbitmq-c makes three calls a
-/// message. Plain TCP sockets only (TLS must go through rabbitmq-c). Returns
-/// AMQP_STATUS_OK or an error status; after an error the connection's
-/// stream is in an unknown state. The window is encoded into `buffer`,
-/// which keeps its memory for the next window (up to 1 MiB, or four frames
-/// when frames are larger); with NULL, the call uses a buffer of its own.
-int fd_amqp_publish_window(amqp_connection_state_t state, amqp_channel_t channel,
-                           const fd_publish_t *messages, size_t count, fd_buffer_t *buffer);
+/// Writes what `buffer` holds with as few send(2) calls as the socket takes
+/// and empties it; it keeps its memory for the next turn (up to 1 MiB, or
+/// four frames when frames are larger). Plain TCP sockets only (TLS must go
+/// through rabbitmq-c). Returns AMQP_STATUS_OK or an error status; after an
+/// error the connection's stream is in an unknown state.
+int fd_buffer_flush(amqp_connection_state_t state, fd_buffer_t *buffer);
+
+/// Appends a window of basic.publish (method, header and body frames, the
+/// same bytes amqp_basic_publish writes; rabbitmq-c makes three send calls
+/// a message) to `buffer`, unsent. On an error status the buffer is as it
+/// was before the call.
+int fd_amqp_append_publishes(amqp_connection_state_t state, amqp_channel_t channel,
+                             const fd_publish_t *messages, size_t count, fd_buffer_t *buffer);
+
+/// Append basic.ack, basic.nack or basic.reject to `buffer`, unsent.
+int fd_amqp_append_ack(fd_buffer_t *buffer, amqp_channel_t channel, uint64_t tag, amqp_boolean_t multiple);
+int fd_amqp_append_nack(fd_buffer_t *buffer, amqp_channel_t channel, uint64_t tag, amqp_boolean_t multiple,
+                        amqp_boolean_t requeue);
+int fd_amqp_append_reject(fd_buffer_t *buffer, amqp_channel_t channel, uint64_t tag, amqp_boolean_t requeue);
 
 /// A non-blocking, close-on-exec eventfd, or -1. Exists because Swift's Glibc
 /// module does not export <sys/eventfd.h>; it wakes a connection's owner
