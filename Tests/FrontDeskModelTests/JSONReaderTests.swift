@@ -15,6 +15,22 @@ import Testing
         #expect(o["o"] == .object([:]) && o["a"] == .array([]))
     }
 
+    /// Objects are built from one stack of fields: nested objects, objects
+    /// in arrays and siblings after them each keep exactly their own fields,
+    /// and a repeated key keeps its last value (as JSONSerialization does).
+    @Test func nestedObjectsKeepTheirOwnFieldsAndTheLastOfARepeatedKey() throws {
+        let v = try parse(#"{"a":1,"o":{"b":2,"o":{"c":3},"b":4},"l":[{"d":5},{},{"e":6,"e":7}],"a":8,"z":{"y":null}}"#)
+        #expect(v == .object([
+            "a": .number(8),
+            "o": .object(["b": .number(4), "o": .object(["c": .number(3)])]),
+            "l": .array([.object(["d": .number(5)]), .object([:]), .object(["e": .number(7)])]),
+            "z": .object(["y": .null]),
+        ]))
+        let wide = "{" + (0..<100).map { "\"k\($0)\":\($0)" }.joined(separator: ",") + "}"
+        guard case .object(let o) = try parse(wide) else { Issue.record("not an object"); return }
+        #expect(o.count == 100 && o["k0"] == .number(0) && o["k99"] == .number(99))
+    }
+
     /// Short integers are read without strtod: the same doubles as strtod gives, at the edges too.
     @Test func integersReadAsStrtodReadsThem() throws {
         let texts = ["0", "-0", "7", "-7", "999999999999999", "-999999999999999", "1000000000000000", "9007199254740993",
