@@ -207,31 +207,36 @@ public enum RFC3339 {
         return Date(timeIntervalSince1970: Double(seconds - offset) + fraction)
     }
 
-    /// UTC with milliseconds: 2026-05-13T09:41:00.000Z.
+    /// The instants `format` writes as themselves: years 0001 to 9999.
+    static let formattable: ClosedRange<Double> = -62_135_596_800 ... 253_402_300_799.999
+
+    /// UTC with milliseconds: 2026-05-13T09:41:00.000Z. An instant outside
+    /// years 0001–9999 is written as the nearest one inside (NaN as the
+    /// epoch): never a trap. One allocation, the string's own (this runs
+    /// several times for every dispatch).
     public static func format(_ date: Date) -> String {
-        let ms = Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
+        let t = date.timeIntervalSince1970
+        let ms = t.isNaN ? 0 : Int64((min(max(t, formattable.lowerBound), formattable.upperBound) * 1000).rounded(.down))
         var seconds = time_t(ms >= 0 ? ms / 1000 : (ms - 999) / 1000)
         let millis = Int32(((ms % 1000) + 1000) % 1000)
         var parts = tm()
         gmtime_r(&seconds, &parts)
-        var out = [UInt8]()
-        out.reserveCapacity(24)
-        func put(_ v: Int32, _ width: Int) {
-            var digits = [UInt8](repeating: 48, count: width)
-            var n = v
-            for k in stride(from: width - 1, through: 0, by: -1) {
-                digits[k] = UInt8(48 + n % 10)
-                n /= 10
+        return String(unsafeUninitializedCapacity: 24) { out in
+            func put(_ value: Int32, at start: Int, width: Int) {
+                var n = value
+                for k in stride(from: start + width - 1, through: start, by: -1) {
+                    out[k] = UInt8(truncatingIfNeeded: 48 + n % 10)
+                    n /= 10
+                }
             }
-            out.append(contentsOf: digits)
+            put(parts.tm_year + 1900, at: 0, width: 4); out[4] = 45
+            put(parts.tm_mon + 1, at: 5, width: 2); out[7] = 45
+            put(parts.tm_mday, at: 8, width: 2); out[10] = 84
+            put(parts.tm_hour, at: 11, width: 2); out[13] = 58
+            put(parts.tm_min, at: 14, width: 2); out[16] = 58
+            put(parts.tm_sec, at: 17, width: 2); out[19] = 46
+            put(millis, at: 20, width: 3); out[23] = 90
+            return 24
         }
-        put(parts.tm_year + 1900, 4); out.append(45)
-        put(parts.tm_mon + 1, 2); out.append(45)
-        put(parts.tm_mday, 2); out.append(84)
-        put(parts.tm_hour, 2); out.append(58)
-        put(parts.tm_min, 2); out.append(58)
-        put(parts.tm_sec, 2); out.append(46)
-        put(millis, 3); out.append(90)
-        return String(decoding: out, as: UTF8.self)
     }
 }

@@ -8,7 +8,9 @@ import Foundation
 /// byte-identical to the first.
 public struct JSONWriter: Sendable {
     private(set) var bytes: [UInt8] = []
-    private var needsComma: [Bool] = []
+    /// Whether each open object or array has a member yet, as bits (bit 0
+    /// the outermost): no allocation for the nesting the callers use.
+    private var levels = CommaStack()
 
     public init() { bytes.reserveCapacity(512) }
 
@@ -26,22 +28,22 @@ public struct JSONWriter: Sendable {
     public mutating func beginObject() {
         separate()
         bytes.append(UInt8(ascii: "{"))
-        needsComma.append(false)
+        levels.push()
     }
 
     public mutating func endObject() {
-        needsComma.removeLast()
+        levels.pop()
         bytes.append(UInt8(ascii: "}"))
     }
 
     public mutating func beginArray(_ key: String) {
         self.key(key)
         bytes.append(UInt8(ascii: "["))
-        needsComma.append(false)
+        levels.push()
     }
 
     public mutating func endArray() {
-        needsComma.removeLast()
+        levels.pop()
         bytes.append(UInt8(ascii: "]"))
     }
 
@@ -49,7 +51,7 @@ public struct JSONWriter: Sendable {
     public mutating func beginObject(_ key: String) {
         self.key(key)
         bytes.append(UInt8(ascii: "{"))
-        needsComma.append(false)
+        levels.push()
     }
 
     public mutating func field(_ key: String, _ value: String) {
@@ -94,9 +96,7 @@ public struct JSONWriter: Sendable {
     // MARK: - Pieces
 
     private mutating func separate() {
-        guard let last = needsComma.indices.last else { return }
-        if needsComma[last] { bytes.append(UInt8(ascii: ",")) }
-        needsComma[last] = true
+        if levels.markMember() { bytes.append(UInt8(ascii: ",")) }
     }
 
     private mutating func key(_ key: String) {
@@ -151,4 +151,42 @@ public struct JSONWriter: Sendable {
     }
 
     private static let hex = Array("0123456789abcdef".utf8)
+}
+
+/// One bit a nesting level: set once the level has a member. The innermost
+/// 64 levels live in `bits`; deeper ones (no caller nests so deep) in `deeper`.
+struct CommaStack: Sendable {
+    private var bits: UInt64 = 0
+    private var depth = 0
+    private var deeper: [Bool] = []
+
+    mutating func push() {
+        if depth >= 64 {
+            deeper.append(false)
+        } else {
+            bits &= ~(1 << UInt64(depth))
+        }
+        depth += 1
+    }
+
+    /// Closes the innermost level (none open: nothing to do).
+    mutating func pop() {
+        guard depth > 0 else { return }
+        depth -= 1
+        if depth >= 64 { deeper.removeLast() }
+    }
+
+    /// Marks the innermost level as having a member; true if it had one
+    /// already (so a comma goes first). Outside any level: false.
+    mutating func markMember() -> Bool {
+        guard depth > 0 else { return false }
+        let level = depth - 1
+        if level >= 64 {
+            defer { deeper[level - 64] = true }
+            return deeper[level - 64]
+        }
+        let bit: UInt64 = 1 << UInt64(level)
+        defer { bits |= bit }
+        return bits & bit != 0
+    }
 }

@@ -200,5 +200,19 @@ struct RFC3339Tests {
         #expect(RFC3339.format(Date(timeIntervalSince1970: 0)) == "1970-01-01T00:00:00.000Z")
         let now = Date()
         #expect(abs(RFC3339.parse(RFC3339.format(now))!.timeIntervalSince(now)) < 0.001)
+        // Before the epoch, milliseconds count forward from the second below.
+        #expect(RFC3339.format(Date(timeIntervalSince1970: -0.25)) == "1969-12-31T23:59:59.750Z")
+        #expect(RFC3339.format(Date(timeIntervalSince1970: -86_400.5)) == "1969-12-30T23:59:59.500Z")
+        #expect(RFC3339.format(Date(timeIntervalSince1970: 951_782_400)) == "2000-02-29T00:00:00.000Z")
+    }
+
+    /// Out of years 0001–9999 (or not a number), the nearest instant inside: no trap.
+    @Test func formatsEveryInstantWithoutTrapping() {
+        #expect(RFC3339.format(Date(timeIntervalSince1970: .infinity)) == "9999-12-31T23:59:59.999Z")
+        #expect(RFC3339.format(Date(timeIntervalSince1970: 1e300)) == "9999-12-31T23:59:59.999Z")
+        #expect(RFC3339.format(Date(timeIntervalSince1970: -.infinity)) == "0001-01-01T00:00:00.000Z")
+        #expect(RFC3339.format(Date(timeIntervalSince1970: .nan)) == "1970-01-01T00:00:00.000Z")
+        #expect(RFC3339.format(Date.distantFuture) == "4001-01-01T00:00:00.000Z")
+        #expect(RFC3339.format(Date(timeIntervalSince1970: -62_135_596_800)) == "0001-01-01T00:00:00.000Z")
     }
 }

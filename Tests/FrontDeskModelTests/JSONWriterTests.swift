@@ -12,6 +12,25 @@ import Testing
         return try! encoder.encode(value)
     }
 
+    /// Commas at every level, past the 64 the writer keeps as bits too.
+    @Test func separatesMembersAtEveryDepth() {
+        var json = JSONWriter()
+        json.beginObject()
+        for level in 0..<70 {
+            json.field("a", level)
+            json.beginObject("n")
+        }
+        json.field("z", true)
+        for level in (0..<70).reversed() {
+            json.endObject()
+            json.field("b", level)
+        }
+        json.endObject()
+        let expected = "{" + (0..<70).map { "\"a\":\($0),\"n\":{" }.joined() + "\"z\":true"
+            + (0..<70).reversed().map { "},\"b\":\($0)" }.joined() + "}"
+        #expect(String(decoding: json.data, as: UTF8.self) == expected)
+    }
+
     static let awkwardText = "Zoë said \"hi\"\\ / \n\t\r\u{08}\u{0C}\u{01}\u{1F} 🎉 — end"
 
     static let events: [StatusEvent] = {
