@@ -96,6 +96,71 @@ struct PendingWindowTests {
         if case .failure(let e) = results[1] { #expect(e.code == .returned) } else { Issue.record("not returned") }
     }
 
+    @Test func aReturnForABatchThatKeptNoMessagesChangesNothing() {
+        let ch = ChannelState(id: 1, epoch: 1)
+        nonisolated(unsafe) var outcome: [Result<Void, AMQPError>]?
+        let batch = PublishBatch(count: 2) { result in outcome = try? result.get() }
+        for i in 0..<2 { ch.pending.append(PendingPublish(batch: batch, index: i, publishedAt: .now)) }
+        ch.markReturned(ReturnedMessage(
+            replyCode: 312, replyText: "NO_ROUTE", exchange: "", routingKey: "q", body: Data(), properties: AMQPProperties()))
+        ch.confirm(tag: 2, multiple: true, ack: true)
+        #expect(outcome?.allSatisfy(succeeded) == true)
+    }
+
+    @Test func theRingShrinksBackOnceABurstIsConfirmed() {
+        let (ch, _, outcome) = channel(publishing: 10_000)
+        #expect(ch.pending.capacity >= 10_000)
+        ch.confirm(tag: 10_000, multiple: true, ack: true)
+        #expect(outcome()?.count == 10_000)
+        #expect(ch.pending.capacity == PendingWindow.initialSlots && ch.pending.next == 10_001)
+        // It goes on numbering where it was.
+        let (_, batch, _) = channel(publishing: 1)
+        ch.pending.append(PendingPublish(batch: batch, index: 0, publishedAt: .now))
+        #expect(ch.pending.lowest == 10_001 && ch.pending.count == 1)
+    }
+
+    /// Random appends, single and multiple acks (tags real and made up) and
+    /// channel failures, checked against a dictionary after every step.
+    @Test func theRingAgreesWithADictionaryUnderRandomConfirms() {
+        var state: UInt64 = 0x9E37_79B9_7F4A_7C15
+        func random(_ n: UInt64) -> UInt64 {
+            state ^= state << 13; state ^= state >> 7; state ^= state << 17
+            return state % n
+        }
+        var window = PendingWindow()
+        var model: [UInt64: Int] = [:]
+        var next: UInt64 = 1
+        let batch = PublishBatch(count: 1_000_000) { _ in }
+        for step in 0..<20_000 {
+            switch random(10) {
+            case 0..<5:
+                window.append(PendingPublish(batch: batch, index: Int(next % 1_000_000), publishedAt: .now))
+                model[next] = Int(next % 1_000_000)
+                next += 1
+            case 5..<8:
+                let seq = next - min(next - 1, random(40))
+                let removed = window.remove(seq)
+                #expect(removed?.index == model.removeValue(forKey: seq), "step \(step): remove \(seq)")
+            case 8:
+                // A multiple confirm up to a tag, sometimes past what was published.
+                let tag = random(4) == 0 ? next + random(1000) : next - min(next - 1, random(30))
+                var seq = window.lowest
+                while seq <= min(tag, window.next - 1) {
+                    #expect(window.remove(seq)?.index == model.removeValue(forKey: seq), "step \(step): multiple \(tag)")
+                    seq += 1
+                }
+            default:
+                if random(50) == 0 {
+                    let all = window.removeAll().map(\.index)
+                    #expect(all == model.keys.sorted().map { model[$0]! }, "step \(step): removeAll")
+                    model.removeAll()
+                }
+            }
+            #expect(window.count == model.count && window.next == next, "step \(step)")
+            #expect(window.isEmpty || model[window.lowest] != nil, "step \(step): the lowest waits")
+        }
+    }
+
     @Test func failingTheChannelFailsEveryWaitingPublishOnce() {
         let (ch, _, outcome) = channel(publishing: 20)
         ch.confirm(tag: 5, multiple: false, ack: true)

@@ -34,7 +34,9 @@ final class PublishBatch {
 struct PendingPublish {
     let batch: PublishBatch
     let index: Int
-    var returned: ReturnedMessage?
+    /// Set when a basic.return matched it: the reply, not the message (a
+    /// slot of the ring stays small).
+    var returned: (code: UInt16, text: String)?
     let publishedAt: ContinuousClock.Instant
 }
 
@@ -44,7 +46,12 @@ struct PendingPublish {
 /// queue). Sequence numbers are consecutive, so a slot is found by
 /// subtraction, not hashing.
 struct PendingWindow {
-    private var slots: [PendingPublish?] = Array(repeating: nil, count: 16)
+    static let initialSlots = 16
+    /// A ring grown past this is shrunk back once nothing waits.
+    static let keptSlots = 256
+    private var slots: [PendingPublish?] = Array(repeating: nil, count: initialSlots)
+    /// How many slots the ring has (for tests).
+    var capacity: Int { slots.count }
     /// The slot of `lowest`.
     private var head = 0
     /// The lowest sequence number that may still wait.
@@ -98,6 +105,11 @@ struct PendingWindow {
             lowest += 1
             span -= 1
         }
+        // Empty after a burst: give the grown ring back.
+        if count == 0, slots.count > Self.keptSlots {
+            slots = Array(repeating: nil, count: Self.initialSlots)
+            head = 0
+        }
         return p
     }
 
@@ -109,7 +121,7 @@ struct PendingWindow {
             if let p = slots[(head + i) % slots.count] { all.append(p) }
         }
         let after = next
-        slots = Array(repeating: nil, count: 16)
+        slots = Array(repeating: nil, count: Self.initialSlots)
         head = 0
         span = 0
         count = 0
@@ -156,8 +168,8 @@ final class ChannelState {
             guard let p = pending.remove(seq) else { continue }
             if let r = p.returned {
                 p.batch.resolve(p.index, .failure(AMQPError(
-                    .returned, "the broker returned the message: \(AMQPError.replyName(r.replyCode)) \(r.replyText)",
-                    replyCode: r.replyCode)))
+                    .returned, "the broker returned the message: \(AMQPError.replyName(r.code)) \(r.text)",
+                    replyCode: r.code)))
             } else if ack {
                 p.batch.resolve(p.index, .success(()))
             } else {
@@ -183,10 +195,11 @@ final class ChannelState {
     func markReturned(_ r: ReturnedMessage) {
         var seq = pending.lowest
         while seq < pending.next {
-            if var p = pending[seq], p.returned == nil {
+            // A batch keeps its messages only when one is mandatory.
+            if var p = pending[seq], p.returned == nil, p.batch.messages.indices.contains(p.index) {
                 let m = p.batch.messages[p.index]
                 if m.mandatory, m.exchange == r.exchange, m.routingKey == r.routingKey, m.body == r.body {
-                    p.returned = r
+                    p.returned = (r.replyCode, r.replyText)
                     pending.update(seq, p)
                     return
                 }

@@ -97,7 +97,8 @@ extension ConnectionLoop {
             }
             return
         }
-        batch.messages = messages
+        // Kept for matching a basic.return, which only a mandatory publish gets.
+        if messages.contains(where: \.mandatory) { batch.messages = messages }
         if writesWindows {
             let arena = publishArena
             defer { arena.reset() }
