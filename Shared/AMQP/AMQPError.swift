@@ -27,6 +27,10 @@ public struct AMQPError: Error, Sendable, Equatable, CustomStringConvertible {
         /// The broker cancelled a consumer (its queue was deleted, or a failover).
         public static let consumerCancelled = Code(name: "consumer_cancelled")
         public static let timeout = Code(name: "timeout")
+        /// A message AMQP cannot carry (an exchange, routing key or property
+        /// longer than 255 bytes, headers it cannot encode): refused alone,
+        /// before any of it was written.
+        public static let invalidMessage = Code(name: "invalid_message")
         /// An error inside rabbitmq-c that fits no other code.
         public static let library = Code(name: "library")
     }

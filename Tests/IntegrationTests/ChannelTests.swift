@@ -131,6 +131,39 @@ extension BrokerIntegration {
 extension BrokerIntegration {
     @Suite("Settling deliveries and broker alarms", .timeLimit(.minutes(1)))
     struct SettlementTests {
+        /// A message AMQP cannot carry (a routing key past 255 bytes) is
+        /// refused alone: the rest of its window is published and confirmed,
+        /// and the connection and its other channels go on.
+        @Test func aMessageAMQPCannotCarryIsRefusedAloneAndTheConnectionGoesOn() async throws {
+            let connection = try await TestBroker.connect("unencodable")
+            defer { Task { await connection.close() } }
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("carried")
+            try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+            try await channel.confirmSelect()
+            let results = try await channel.publish([
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("before".utf8)),
+                OutboundMessage(exchange: "", routingKey: String(repeating: "k", count: 300), body: Data("too long".utf8)),
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("after".utf8),
+                    properties: AMQPProperties(messageID: String(repeating: "m", count: 256))),
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("last".utf8)),
+            ])
+            #expect(results.count == 4)
+            guard results.count == 4 else { return }
+            if case .failure(let e) = results[1] { #expect(e.code == .invalidMessage) } else { Issue.record("a 300-byte key was published") }
+            if case .failure(let e) = results[2] { #expect(e.code == .invalidMessage) } else { Issue.record("a 256-byte message id was published") }
+            for i in [0, 3] {
+                if case .failure(let e) = results[i] { Issue.record("message \(i) failed: \(e)") }
+            }
+            // The same channel and another one still publish.
+            try await channel.publish(exchange: "", routingKey: queue, body: Data("again".utf8))
+            let other = try await connection.openChannel()
+            try await other.confirmSelect()
+            try await other.publish(exchange: "", routingKey: queue, body: Data("other".utf8))
+            #expect(try await channel.queueDeclare(queue, passive: true).messageCount == 4)
+            try await channel.queueDelete(queue)
+        }
+
         /// Acks and publishes are written once a turn of the connection's
         /// loop; whatever follows them through rabbitmq-c itself (a channel
         /// or connection close) must still reach the broker after them.

@@ -114,12 +114,23 @@ extension ConnectionLoop {
             }
             // Written with the turn's other output (flushOutput): the
             // confirms are tracked from here, and a failed write fails them.
+            var written = Array(messages.indices)
             let rc = fd_amqp_append_publishes(conn, ch.id, window, window.count, output)
             if rc != AMQP_STATUS_OK.rawValue {
-                let error = AMQPError.library(rc, "publishing a window of \(messages.count)")
-                fail(error)
-                for i in messages.indices { batch.resolve(i, .failure(error)) }
-                return
+                // Nothing of the window is in the buffer: refuse what AMQP
+                // cannot carry, one message at a time, and write the rest.
+                written = []
+                for i in window.indices {
+                    let one = withUnsafePointer(to: window[i]) { fd_amqp_append_publishes(conn, ch.id, $0, 1, output) }
+                    if one == AMQP_STATUS_OK.rawValue {
+                        written.append(i)
+                    } else {
+                        batch.resolve(i, .failure(AMQPError(
+                            .invalidMessage, "AMQP cannot carry the message for '\(messages[i].exchange)' "
+                                + "(\(String(cString: amqp_error_string2(one)))): a name or property is longer than 255 bytes, "
+                                + "or its headers cannot be encoded", libraryStatus: one)))
+                    }
+                }
             }
             if ch.confirming {
                 flushOutputIfLarge()
@@ -127,11 +138,11 @@ extension ConnectionLoop {
                 // Without confirms, success means written: write it now.
                 flushOutput()
                 if let failure {
-                    for i in messages.indices { batch.resolve(i, .failure(failure)) }
+                    for i in written { batch.resolve(i, .failure(failure)) }
                     return
                 }
             }
-            for i in messages.indices { published(ch, index: i, batch: batch) }
+            for i in written { published(ch, index: i, batch: batch) }
             return
         }
         for (i, message) in messages.enumerated() {
