@@ -96,6 +96,17 @@ struct PendingWindowTests {
         if case .failure(let e) = results[1] { #expect(e.code == .returned) } else { Issue.record("not returned") }
     }
 
+    @Test func aMultipleConfirmOfTagZeroCoversEveryOutstandingPublish() {
+        let (ch, _, outcome) = channel(publishing: 5)
+        ch.confirm(tag: 0, multiple: false, ack: true)
+        #expect(ch.pending.count == 5)
+        ch.confirm(tag: 2, multiple: false, ack: true)
+        ch.confirm(tag: 0, multiple: true, ack: false)
+        #expect(ch.pending.isEmpty)
+        let results = outcome() ?? []
+        #expect(results.count == 5 && results.enumerated().allSatisfy { i, r in succeeded(r) == (i == 1) })
+    }
+
     @Test func aReturnForABatchThatKeptNoMessagesChangesNothing() {
         let ch = ChannelState(id: 1, epoch: 1)
         nonisolated(unsafe) var outcome: [Result<Void, AMQPError>]?

@@ -161,7 +161,8 @@ final class ChannelState {
         // A tag beyond what was published, or a range reaching back past the
         // lowest waiting one, only covers what waits: no loop over numbers
         // the broker made up.
-        let upper = min(tag, pending.next &- 1)
+        // Tag 0 with `multiple` is every outstanding one (AMQP 0-9-1, basic.ack).
+        let upper = tag == 0 && multiple ? pending.next &- 1 : min(tag, pending.next &- 1)
         let lower = multiple ? pending.lowest : tag
         guard lower <= upper else { return }
         for seq in lower...upper {
