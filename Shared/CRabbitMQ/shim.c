@@ -146,7 +146,7 @@ static size_t close_frame(uint8_t *f, uint8_t type, amqp_channel_t channel, size
 /// Appends one method frame (method id and encoded arguments) to `b`.
 static int append_method(fd_buffer_t *b, amqp_channel_t channel, amqp_method_number_t id, void *decoded,
                          size_t room) {
-  if (!reserve(b, FRAME_OVERHEAD + 4 + room)) return AMQP_STATUS_NO_MEMORY;
+  if (!b || !reserve(b, FRAME_OVERHEAD + 4 + room)) return AMQP_STATUS_NO_MEMORY;
   uint8_t *f = b->bytes + b->len;
   put32(f + FRAME_HEADER, id);
   amqp_bytes_t args = {.len = room, .bytes = f + FRAME_HEADER + 4};
@@ -158,6 +158,7 @@ static int append_method(fd_buffer_t *b, amqp_channel_t channel, amqp_method_num
 
 int fd_amqp_append_publishes(amqp_connection_state_t state, amqp_channel_t channel,
                              const fd_publish_t *messages, size_t count, fd_buffer_t *b) {
+  if (!b) return AMQP_STATUS_NO_MEMORY;
   size_t frame_max = (size_t)amqp_get_frame_max(state);
   if (frame_max < 4096) frame_max = 4096;
   size_t chunk = frame_max - FRAME_OVERHEAD;
@@ -216,6 +217,7 @@ int fd_amqp_append_reject(fd_buffer_t *b, amqp_channel_t channel, uint64_t tag, 
 size_t fd_buffer_length(const fd_buffer_t *b) { return b ? b->len : 0; }
 
 int fd_buffer_flush(amqp_connection_state_t state, fd_buffer_t *b) {
+  if (!b) return AMQP_STATUS_OK;
   int status = b->len > 0 ? send_all(amqp_get_sockfd(state), b->bytes, b->len) : AMQP_STATUS_OK;
   b->len = 0;
   size_t frame_max = (size_t)amqp_get_frame_max(state);

@@ -165,8 +165,8 @@ extension BrokerIntegration {
         }
 
         /// Acks and publishes are written once a turn of the connection's
-        /// loop; whatever follows them through rabbitmq-c itself (a channel
-        /// or connection close) must still reach the broker after them.
+        /// loop; whatever follows them through rabbitmq-c itself in the same
+        /// turn (a channel or connection close) must reach the broker after them.
         @Test func bufferedAcksAndPublishesReachTheBrokerBeforeACloseThatFollows() async throws {
             let count = 200
             let queue = TestBroker.uniqueName("ordered")
@@ -175,25 +175,37 @@ extension BrokerIntegration {
             let control = try await setup.openChannel()
             try await control.queueDeclare(queue, durable: false)
 
-            // Publishes without confirms, then the connection's close at once.
+            // Confirm-mode publishes (buffered until the turn ends), then the
+            // connection's close, from one job on the connection's thread: the
+            // publishes and the close come to the loop in the same turn.
             let publisher = try await TestBroker.connect("ordered-publish")
-            let unconfirmed = try await publisher.openChannel()
-            _ = try await unconfirmed.publish((0..<count).map {
+            let confirming = try await publisher.openChannel()
+            try await confirming.confirmSelect()
+            let messages = (0..<count).map {
                 OutboundMessage(exchange: "", routingKey: queue, body: Data("\($0)".utf8))
-            })
-            await publisher.close()
-            try await waitUntil("all \(count) unconfirmed publishes are in the queue") {
+            }
+            await withTaskExecutorPreference(publisher.executor) {
+                _ = confirming.publishWithoutWaiting(messages)
+                await publisher.close()
+            }
+            try await waitUntil("all \(count) publishes written before the close are in the queue") {
                 try await control.queueDeclare(queue, passive: true).messageCount == UInt32(count)
             }
 
-            // Acks of every delivery, then the channel's close at once: an ack
-            // written after the close would leave its message to be requeued.
+            // Acks of every delivery, then the channel's close, again from one
+            // job: an ack written after the close would leave its message to be
+            // requeued.
             let consumer = try await TestBroker.connect("ordered-ack")
             let channel = try await consumer.openChannel()
             try await channel.qos(prefetchCount: UInt16(count))
             var iterator = try await channel.consume(queue: queue).makeAsyncIterator()
-            for _ in 0..<count { try #require(try await iterator.next()).ack() }
-            await channel.close()
+            var deliveries: [AMQPDelivery] = []
+            for _ in 0..<count { deliveries.append(try #require(try await iterator.next())) }
+            let received = deliveries
+            try await withTaskExecutorPreference(consumer.executor) {
+                for d in received { try d.ack() }
+                await channel.close()
+            }
             // An ack written after the close would also be a frame on a closed
             // channel, which the broker answers by closing the connection.
             let after = try await consumer.withChannel { try await $0.queueDeclare(queue, passive: true) }

@@ -98,7 +98,7 @@ extension ConnectionLoop {
         guard let sink = ch.consumers[consumerTag] else {
             // A delivery that raced with a cancel: hand it back to the queue.
             flushOutput()
-            _ = amqp_basic_reject(conn, channelID, m.delivery_tag, 1)
+            if failure == nil { _ = amqp_basic_reject(conn, channelID, m.delivery_tag, 1) }
             return
         }
         let delivery = AMQPDelivery(

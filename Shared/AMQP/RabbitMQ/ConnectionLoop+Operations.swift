@@ -8,7 +8,7 @@ extension ConnectionLoop {
         _ ch: ChannelState, name: String, type: String, passive: Bool, durable: Bool,
         autoDelete: Bool, internal isInternal: Bool, arguments: FieldTable?
     ) throws {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         amqp_exchange_declare(
             conn, ch.id, arena.bytes(name), arena.bytes(type), flag(passive), flag(durable),
@@ -17,14 +17,14 @@ extension ConnectionLoop {
     }
 
     func exchangeDelete(_ ch: ChannelState, name: String, ifUnused: Bool) throws {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         amqp_exchange_delete(conn, ch.id, arena.bytes(name), flag(ifUnused))
         try check(amqp_get_rpc_reply(conn), channel: ch, "deleting exchange '\(name)'")
     }
 
     func exchangeBind(_ ch: ChannelState, destination: String, source: String, routingKey: String, arguments: FieldTable?) throws {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         amqp_exchange_bind(
             conn, ch.id, arena.bytes(destination), arena.bytes(source), arena.bytes(routingKey), arena.table(arguments))
@@ -35,7 +35,7 @@ extension ConnectionLoop {
         _ ch: ChannelState, name: String, passive: Bool, durable: Bool, exclusive: Bool,
         autoDelete: Bool, arguments: FieldTable?
     ) throws -> QueueDeclareResult {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         let ok = amqp_queue_declare(
             conn, ch.id, arena.bytes(name), flag(passive), flag(durable), flag(exclusive),
@@ -48,7 +48,7 @@ extension ConnectionLoop {
     }
 
     func queueBind(_ ch: ChannelState, queue: String, exchange: String, routingKey: String, arguments: FieldTable?, bind: Bool) throws {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         if bind {
             amqp_queue_bind(conn, ch.id, arena.bytes(queue), arena.bytes(exchange), arena.bytes(routingKey), arena.table(arguments))
@@ -59,7 +59,7 @@ extension ConnectionLoop {
     }
 
     func queueDelete(_ ch: ChannelState, name: String, ifUnused: Bool, ifEmpty: Bool) throws -> UInt32 {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         let ok = amqp_queue_delete(conn, ch.id, arena.bytes(name), flag(ifUnused), flag(ifEmpty))
         try check(amqp_get_rpc_reply(conn), channel: ch, "deleting queue '\(name)'")
@@ -67,7 +67,7 @@ extension ConnectionLoop {
     }
 
     func queuePurge(_ ch: ChannelState, name: String) throws -> UInt32 {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         let ok = amqp_queue_purge(conn, ch.id, arena.bytes(name))
         try check(amqp_get_rpc_reply(conn), channel: ch, "purging queue '\(name)'")
@@ -75,14 +75,14 @@ extension ConnectionLoop {
     }
 
     func qos(_ ch: ChannelState, prefetchCount: UInt16, global: Bool) throws {
-        flushOutput()
+        try flushBeforeDirectWrite()
         amqp_basic_qos(conn, ch.id, 0, prefetchCount, flag(global))
         try check(amqp_get_rpc_reply(conn), channel: ch, "setting prefetch \(prefetchCount)")
     }
 
     func confirmSelect(_ ch: ChannelState) throws {
         guard !ch.confirming else { return }
-        flushOutput()
+        try flushBeforeDirectWrite()
         amqp_confirm_select(conn, ch.id)
         try check(amqp_get_rpc_reply(conn), channel: ch, "turning on publisher confirms")
         ch.confirming = true
@@ -124,6 +124,8 @@ extension ConnectionLoop {
                     let one = withUnsafePointer(to: window[i]) { fd_amqp_append_publishes(conn, ch.id, $0, 1, output) }
                     if one == AMQP_STATUS_OK.rawValue {
                         written.append(i)
+                    } else if one == AMQP_STATUS_NO_MEMORY.rawValue {
+                        batch.resolve(i, .failure(AMQPError.library(one, "publishing to '\(messages[i].exchange)'")))
                     } else {
                         batch.resolve(i, .failure(AMQPError(
                             .invalidMessage, "AMQP cannot carry the message for '\(messages[i].exchange)' "
@@ -177,7 +179,7 @@ extension ConnectionLoop {
         _ ch: ChannelState, queue: String, consumerTag: String, noAck: Bool, exclusive: Bool,
         arguments: FieldTable?, sink: ConsumerSink
     ) throws -> String {
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         let ok = amqp_basic_consume(
             conn, ch.id, arena.bytes(queue), arena.bytes(consumerTag), 0, flag(noAck), flag(exclusive),
@@ -191,7 +193,7 @@ extension ConnectionLoop {
 
     func cancel(_ ch: ChannelState, consumerTag: String) throws {
         guard let sink = ch.consumers[consumerTag] else { return }
-        flushOutput()
+        try flushBeforeDirectWrite()
         let arena = CArena()
         amqp_basic_cancel(conn, ch.id, arena.bytes(consumerTag))
         try check(amqp_get_rpc_reply(conn), channel: ch, "cancelling consumer \(consumerTag)")
@@ -211,7 +213,11 @@ extension ConnectionLoop {
             case .reject(let requeue):
                 rc = fd_amqp_append_reject(output, ch.id, tag, flag(requeue))
             }
-            try checkStatus(rc, "acknowledging delivery \(tag)")
+            if rc != AMQP_STATUS_OK.rawValue {
+                // The acks buffered before this one still go out.
+                flushOutput()
+                try checkStatus(rc, "acknowledging delivery \(tag)")
+            }
             flushOutputIfLarge()
             return
         }

@@ -129,6 +129,7 @@ final class ConnectionLoop {
         guard now - lastHeartbeatSent >= .milliseconds(heartbeatSeconds * 1000 / 2) else { return }
         lastHeartbeatSent = now
         flushOutput()
+        guard failure == nil else { return }
         let rc = fd_amqp_send_heartbeat(conn)
         if rc != AMQP_STATUS_OK.rawValue { fail(.library(rc, "sending a heartbeat")) }
     }
@@ -139,6 +140,14 @@ final class ConnectionLoop {
         guard failure == nil, fd_buffer_length(output) > 0 else { return }
         let rc = fd_buffer_flush(conn, output)
         if rc != AMQP_STATUS_OK.rawValue { fail(.library(rc, "writing to the broker")) }
+    }
+
+    /// Writes what this turn has buffered before rabbitmq-c writes itself
+    /// (an RPC, a channel open); throws if that write, or anything before
+    /// it, ended the connection, so nothing is written after a cut-off frame.
+    func flushBeforeDirectWrite() throws {
+        flushOutput()
+        if let failure { throw failure }
     }
 
     /// Flushes when a burst has buffered more than `outputFlushBytes`.
@@ -174,7 +183,7 @@ final class ConnectionLoop {
         guard let id = freeChannelID() else {
             throw AMQPError(.library, "no free channel: all \(channelMax) are open")
         }
-        flushOutput()
+        try flushBeforeDirectWrite()
         amqp_channel_open(conn, id)
         try check(amqp_get_rpc_reply(conn), channel: nil, "opening channel \(id)")
         let ch = ChannelState(id: id, epoch: nextEpoch)
@@ -194,8 +203,8 @@ final class ConnectionLoop {
 
     func closeChannel(_ ch: ChannelState) {
         guard channels[ch.id] === ch else { return }
-        if ch.closedError == nil {
-            flushOutput()
+        flushOutput()
+        if ch.closedError == nil, failure == nil {
             _ = amqp_channel_close(conn, ch.id, Int32(AMQP_REPLY_SUCCESS))
         }
         ch.fail(AMQPError(.channelClosed, "channel \(ch.id) was closed"))
@@ -234,16 +243,20 @@ final class ConnectionLoop {
 
     func brokerClosedChannel(_ ch: ChannelState, _ error: AMQPError) {
         flushOutput()
-        var ok = amqp_channel_close_ok_t()
-        _ = amqp_send_method(conn, ch.id, FD_CHANNEL_CLOSE_OK, &ok)
+        if failure == nil {
+            var ok = amqp_channel_close_ok_t()
+            _ = amqp_send_method(conn, ch.id, FD_CHANNEL_CLOSE_OK, &ok)
+        }
         ch.fail(error)
         channels[ch.id] = nil
     }
 
     func brokerClosedConnection(code: UInt16, text: String, context: String) -> AMQPError {
         flushOutput()
-        var ok = amqp_connection_close_ok_t()
-        _ = amqp_send_method(conn, 0, FD_CONNECTION_CLOSE_OK, &ok)
+        if failure == nil {
+            var ok = amqp_connection_close_ok_t()
+            _ = amqp_send_method(conn, 0, FD_CONNECTION_CLOSE_OK, &ok)
+        }
         let errorCode: AMQPError.Code = (code == 403 || code == 530) ? .authenticationFailed : .connectionClosed
         let error = AMQPError(
             errorCode, "\(context): the broker closed the connection: \(AMQPError.describeReply(code, text))",
