@@ -82,3 +82,23 @@ public struct ReturnedMessage: Sendable {
     public var body: Data
     public var properties: AMQPProperties
 }
+
+extension OutboundMessage {
+    /// What makes this message one AMQP cannot carry (a short string, which
+    /// names and most properties are, holds at most 255 bytes), or nil.
+    /// Headers are not checked here: over plain TCP a whole window is encoded
+    /// before anything is written, and a message that fails is refused alone.
+    var amqpCannotCarry: String? {
+        let p = properties
+        let shortStrings: [(String, String?)] = [
+            ("exchange", exchange), ("routing key", routingKey), ("content type", p.contentType),
+            ("content encoding", p.contentEncoding), ("correlation id", p.correlationID), ("reply-to", p.replyTo),
+            ("expiration", p.expiration), ("message id", p.messageID), ("type", p.type), ("user id", p.userID),
+            ("app id", p.appID),
+        ]
+        for (name, value) in shortStrings {
+            if let value, value.utf8.count > 255 { return "its \(name) is \(value.utf8.count) bytes (at most 255)" }
+        }
+        return nil
+    }
+}

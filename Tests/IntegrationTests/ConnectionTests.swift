@@ -42,6 +42,34 @@ extension BrokerIntegration {
             await connection.close()
         }
 
+        /// Over TLS rabbitmq-c writes frame by frame, so a message AMQP
+        /// cannot carry is refused before any of it is written: the
+        /// connection goes on.
+        @Test func overTLSAMessageAMQPCannotCarryIsRefusedAlone() async throws {
+            var configuration = TestBroker.configuration("tls-unencodable", url: TestBroker.tlsURL)
+            configuration.tls = .init(caFile: "\(TestBroker.certsDirectory)/ca.pem")
+            let connection = try await AMQPConnection.connect(configuration)
+            defer { Task { await connection.close() } }
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("tls-carried")
+            try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+            try await channel.confirmSelect()
+            let results = try await channel.publish([
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("a".utf8)),
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("b".utf8),
+                    properties: AMQPProperties(correlationID: String(repeating: "c", count: 300))),
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("d".utf8)),
+            ])
+            #expect(results.count == 3)
+            guard results.count == 3 else { return }
+            if case .failure(let e) = results[1] { #expect(e.code == .invalidMessage) } else { Issue.record("published") }
+            for i in [0, 2] {
+                if case .failure(let e) = results[i] { Issue.record("message \(i) failed: \(e)") }
+            }
+            #expect(try await channel.queueDeclare(queue, passive: true).messageCount == 2)
+            try await channel.queueDelete(queue)
+        }
+
         @Test func tlsWithAClientCertificateConnects() async throws {
             var configuration = TestBroker.configuration("tls-client-cert", url: TestBroker.tlsURL)
             let dir = TestBroker.certsDirectory

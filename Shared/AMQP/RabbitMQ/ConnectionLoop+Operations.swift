@@ -148,6 +148,13 @@ extension ConnectionLoop {
             return
         }
         for (i, message) in messages.enumerated() {
+            // rabbitmq-c writes frame by frame here: a message that fails to
+            // encode half way would leave the stream cut. Refuse it before.
+            if let problem = message.amqpCannotCarry {
+                batch.resolve(i, .failure(AMQPError(
+                    .invalidMessage, "AMQP cannot carry the message for '\(message.exchange)': \(problem)")))
+                continue
+            }
             let arena = CArena()
             var props = arena.properties(message.properties)
             let rc = message.body.withUnsafeBytes { raw in
