@@ -114,24 +114,19 @@ extension ConnectionLoop {
             }
             // Written with the turn's other output (flushOutput): the
             // confirms are tracked from here, and a failed write fails them.
-            var written = Array(messages.indices)
+            // Empty (no allocation) unless the window failed to encode.
+            var refused: Set<Int> = []
             let rc = fd_amqp_append_publishes(conn, ch.id, window, window.count, output)
             if rc != AMQP_STATUS_OK.rawValue {
                 // Nothing of the window is in the buffer: refuse what AMQP
                 // cannot carry, one message at a time, and write the rest.
-                written = []
                 for i in window.indices {
                     let one = withUnsafePointer(to: window[i]) { fd_amqp_append_publishes(conn, ch.id, $0, 1, output) }
-                    if one == AMQP_STATUS_OK.rawValue {
-                        written.append(i)
-                    } else if one == AMQP_STATUS_NO_MEMORY.rawValue {
-                        batch.resolve(i, .failure(AMQPError.library(one, "publishing to '\(messages[i].exchange)'")))
-                    } else {
-                        batch.resolve(i, .failure(AMQPError(
-                            .invalidMessage, "AMQP cannot carry the message for '\(messages[i].exchange)' "
-                                + "(\(String(cString: amqp_error_string2(one)))): a name or property is longer than 255 bytes, "
-                                + "or its headers cannot be encoded", libraryStatus: one)))
-                    }
+                    guard one != AMQP_STATUS_OK.rawValue else { continue }
+                    refused.insert(i)
+                    batch.resolve(i, .failure(one == AMQP_STATUS_NO_MEMORY.rawValue
+                        ? AMQPError.library(one, "publishing to '\(messages[i].exchange)'")
+                        : cannotCarry(messages[i], status: one)))
                 }
             }
             if ch.confirming {
@@ -140,19 +135,18 @@ extension ConnectionLoop {
                 // Without confirms, success means written: write it now.
                 flushOutput()
                 if let failure {
-                    for i in written { batch.resolve(i, .failure(failure)) }
+                    for i in messages.indices where !refused.contains(i) { batch.resolve(i, .failure(failure)) }
                     return
                 }
             }
-            for i in written { published(ch, index: i, batch: batch) }
+            for i in messages.indices where !refused.contains(i) { published(ch, index: i, batch: batch) }
             return
         }
         for (i, message) in messages.enumerated() {
             // rabbitmq-c writes frame by frame here: a message that fails to
             // encode half way would leave the stream cut. Refuse it before.
-            if let problem = message.amqpCannotCarry {
-                batch.resolve(i, .failure(AMQPError(
-                    .invalidMessage, "AMQP cannot carry the message for '\(message.exchange)': \(problem)")))
+            if message.amqpCannotCarry != nil {
+                batch.resolve(i, .failure(cannotCarry(message, status: nil)))
                 continue
             }
             let arena = CArena()
@@ -171,6 +165,15 @@ extension ConnectionLoop {
             }
             published(ch, index: i, batch: batch)
         }
+    }
+
+    /// The error for a message AMQP cannot carry: what is too long, or what
+    /// rabbitmq-c said when its headers would not encode.
+    private func cannotCarry(_ message: OutboundMessage, status: Int32?) -> AMQPError {
+        let why = message.amqpCannotCarry
+            ?? "its headers cannot be encoded (\(status.map { String(cString: amqp_error_string2($0)) } ?? "unknown"))"
+        return AMQPError(
+            .invalidMessage, "AMQP cannot carry the message for '\(message.exchange)': \(why)", libraryStatus: status)
     }
 
     /// Tracks a written message's confirm (or resolves it at once without confirms).
