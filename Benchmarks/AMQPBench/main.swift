@@ -2,10 +2,21 @@
 // against amqp-c-baseline (a plain C loop on rabbitmq-c) doing the same in
 // the same run. Prints figures and the ratio; asserts nothing about speed.
 //
+// Then one pipeline stage at a paced rate (`--echo-rate`, default 166/s):
+// a process that consumes each message, publishes it on (persistent,
+// confirmed) and acks it once confirmed — the Swift layer as the services use
+// it (deliveries handled and acked on the connection's thread), against the
+// same stage in C (`amqp-c-baseline --echo`). Each message meets idle
+// threads, as a service's do at moderate rates; the figure is the stage
+// process's CPU (user + system) per message.
+//
 //   amqp-bench [--url URL] [--messages N] [--body-bytes B] [--runs R]
+//              [--echo-rate R] [--echo-messages N] [--echo-only]
+//   amqp-bench --echo-serve FROM TO [--url URL]    (the Swift stage)
 import AMQP
 import BenchmarkSupport
 import Foundation
+import Synchronization
 
 struct Figures: Decodable {
     var messages_per_s: Double
@@ -14,10 +25,90 @@ struct Figures: Decodable {
 }
 
 
-let url = try AMQPURL(parsing: argument("--url", ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f"))
+let urlText = argument("--url", ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
+let url = try AMQPURL(parsing: urlText)
 let messages = Int(argument("--messages", "20000"))!
 let bodyBytes = Int(argument("--body-bytes", "512"))!
 let runs = Int(argument("--runs", "3"))!
+
+let echoRate = Double(argument("--echo-rate", "166")) ?? 166
+let echoMessages = Int(argument("--echo-messages", "2000")) ?? 2000
+let echoOnly = CommandLine.arguments.contains("--echo-only")
+
+/// The Swift stage: consume FROM (prefetch 2); each delivery is published to
+/// TO from the connection thread it arrived on and acked there when confirmed.
+func echoServe(from: String, to: String) async throws -> Never {
+    let connection = try await AMQPConnection.connect(.init(url: url, connectionName: "amqp-bench:echo"))
+    let input = try await connection.openChannel()
+    let output = try await connection.openChannel()
+    try await output.confirmSelect()
+    try await input.qos(prefetchCount: 2)
+    let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2)
+    let (ended, end) = AsyncStream<Void>.makeStream()
+    _ = try await input.consume(queue: from, deliver: { delivery in
+        output.publishWithoutWaiting([OutboundMessage(exchange: "", routingKey: to, body: delivery.body, properties: properties)]) { result in
+            if case .success(let results) = result, results.allSatisfy({ (try? $0.get()) != nil }) { try? delivery.ack() }
+        }
+    }, finished: { _ in end.finish() })
+    for await _ in ended {}
+    exit(0)
+}
+
+if let i = CommandLine.arguments.firstIndex(of: "--echo-serve"), i + 2 < CommandLine.arguments.count {
+    try await echoServe(from: CommandLine.arguments[i + 1], to: CommandLine.arguments[i + 2])
+}
+
+/// utime + stime of a process, in milliseconds (from /proc, at the kernel's tick).
+func processCPUms(_ pid: Int32) -> Double? {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return nil }
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+    return (user + system) * 1000 / Double(sysconf(Int32(_SC_CLK_TCK)))
+}
+
+/// One stage process (`command`) between two fresh quorum queues: `echoMessages`
+/// published into it at `echoRate`, one at a time; returns its CPU-ms a message.
+func echoRun(_ command: [String]) async throws -> Double {
+    let tag = UUID().uuidString.prefix(8)
+    let from = "frontdesk.bench.echo-in.\(tag)", to = "frontdesk.bench.echo-out.\(tag)"
+    let connection = try await AMQPConnection.connect(.init(url: url, connectionName: "amqp-bench:echo-driver"))
+    let channel = try await connection.openChannel()
+    for queue in [from, to] { try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"]) }
+    try await channel.confirmSelect()
+    let received = Mutex(0)
+    let watch = try await connection.openChannel()
+    _ = try await watch.consume(queue: to, noAck: true, deliver: { _ in received.withLock { $0 += 1 } }, finished: { _ in })
+    let stage = Process()
+    stage.executableURL = URL(fileURLWithPath: command[0])
+    stage.arguments = Array(command.dropFirst()) + [from, to]
+    try stage.run()
+    // SIGKILL: a child spawned from a Dispatch thread inherits its blocked signal mask, so SIGTERM would wait.
+    defer { kill(stage.processIdentifier, SIGKILL); stage.waitUntilExit() }
+    let body = Data(repeating: UInt8(ascii: "x"), count: bodyBytes)
+    let message = OutboundMessage(exchange: "", routingKey: from, body: body, properties: AMQPProperties(contentType: "application/json", deliveryMode: 2))
+    func waitFor(_ count: Int) async throws {
+        let deadline = ContinuousClock.now + .seconds(60)
+        while received.withLock({ $0 }) < count {
+            guard ContinuousClock.now < deadline else { throw AMQPError(.library, "the stage passed on \(received.withLock { $0 }) of \(count)") }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+    // Warm: the stage is consuming once the first 50 came through.
+    for _ in 0..<50 { try await channel.publish(message) }
+    try await waitFor(50)
+    guard let cpuStart = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no /proc for the stage") }
+    let start = ContinuousClock.now
+    for i in 0..<echoMessages {
+        try await Task.sleep(until: start + .seconds(Double(i) / echoRate), clock: .continuous)
+        try await channel.publish(message)
+    }
+    try await waitFor(50 + echoMessages)
+    guard let cpuEnd = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no /proc for the stage") }
+    for queue in [from, to] { try await channel.queueDelete(queue) }
+    await connection.close()
+    return (cpuEnd - cpuStart) / Double(echoMessages)
+}
 
 func percentile(_ sorted: [Double], _ p: Double) -> Double { sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))] }
 
@@ -81,7 +172,7 @@ print("amqp-bench: \(messages) persistent \(bodyBytes)-byte messages to a quorum
 print("")
 func column(_ text: String, _ width: Int) -> String { text.count >= width ? text : String(repeating: " ", count: width - text.count) + text }
 print("window  client       msgs/s  confirm p50  confirm p99")
-for window in [1, 10, 100] {
+for window in echoOnly ? [] : [1, 10, 100] {
     var c: [Figures] = [], s: [Figures] = []
     for _ in 0..<runs {
         c.append(try cRun(window: window))
@@ -96,3 +187,19 @@ for window in [1, 10, 100] {
     }
     print(column("\(window)", 6) + "  Swift/C throughput ratio = " + String(format: "%.2f", sRate / cRate) + " (target ≥ 0.90)")
 }
+
+print("")
+print("one stage (consume, publish on confirmed, ack) at \(Int(echoRate))/s, one message at a time, \(echoMessages) messages: "
+      + "the stage's CPU-ms a message; median of \(runs) runs, C and Swift interleaved")
+let here = CommandLine.arguments[0]
+let baseline = URL(fileURLWithPath: here).deletingLastPathComponent().appendingPathComponent("amqp-c-baseline").path
+var cEcho: [Double] = [], sEcho: [Double] = []
+for _ in 0..<runs {
+    cEcho.append(try await echoRun([baseline, "--echo", url.host, "\(url.port)", url.user, url.password]))
+    sEcho.append(try await echoRun([here, "--url", urlText, "--echo-serve"]))
+}
+for (name, xs) in [("C", cEcho), ("Swift", sEcho)] {
+    print("  " + name.padding(toLength: 6, withPad: " ", startingAt: 0) + String(format: "  %.4f CPU-ms a message", median(xs))
+          + "  (runs: " + xs.map { String(format: "%.4f", $0) }.joined(separator: " ") + ")")
+}
+print(String(format: "  Swift/C CPU a message = %.2f", median(sEcho) / median(cEcho)))

@@ -5,6 +5,12 @@
 // each message. Prints one JSON line of figures.
 //
 //   amqp-c-baseline HOST PORT USER PASSWORD MESSAGES WINDOW BODY_BYTES
+//
+// With --echo, one stage of a pipeline instead, as a service is one: each
+// message consumed from FROM (prefetch 2) is published to TO, persistent and
+// confirmed, then acked; until the broker closes the connection.
+//
+//   amqp-c-baseline --echo HOST PORT USER PASSWORD FROM TO
 #include <amqp.h>
 #include "bench_amqp.h"
 #define PROGRAM "amqp-c-baseline"
@@ -52,7 +58,41 @@ static int compare(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/// --echo: consume FROM, publish each body to TO (confirmed), then ack.
+static int echo(char **argv) {
+  host = argv[2]; port = atoi(argv[3]); user = argv[4]; password = argv[5];
+  const char *from = argv[6], *to = argv[7];
+  amqp_connection_state_t in = bench_open(PROGRAM, host, port, user, password, "/");
+  amqp_connection_state_t pub = bench_open(PROGRAM, host, port, user, password, "/");
+  amqp_confirm_select(pub, 1);
+  if (amqp_get_rpc_reply(pub).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "confirm.select");
+  amqp_basic_qos(in, 1, 0, 2, 0);
+  amqp_basic_consume(in, 1, amqp_cstring_bytes(from), amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
+  if (amqp_get_rpc_reply(in).reply_type != AMQP_RESPONSE_NORMAL) bench_die(PROGRAM, "basic.consume");
+  amqp_basic_properties_t props = {0};
+  props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG;
+  props.delivery_mode = 2;
+  props.content_type = amqp_cstring_bytes("application/json");
+  for (;;) {
+    amqp_envelope_t e;
+    amqp_maybe_release_buffers(in);
+    if (amqp_consume_message(in, &e, NULL, 0).reply_type != AMQP_RESPONSE_NORMAL) return 0;  // closed: done
+    if (amqp_basic_publish(pub, 1, amqp_empty_bytes, amqp_cstring_bytes(to), 0, 0, &props, e.message.body) != AMQP_STATUS_OK)
+      bench_die(PROGRAM, "publish");
+    for (;;) {
+      amqp_frame_t f;
+      amqp_maybe_release_buffers(pub);
+      if (amqp_simple_wait_frame(pub, &f) != AMQP_STATUS_OK) bench_die(PROGRAM, "wait for confirm");
+      if (f.frame_type == AMQP_FRAME_METHOD && f.payload.method.id == AMQP_BASIC_ACK_METHOD) break;
+      if (f.frame_type == AMQP_FRAME_METHOD) bench_die(PROGRAM, "confirm (not an ack)");
+    }
+    amqp_basic_ack(in, 1, e.delivery_tag, 0);
+    amqp_destroy_envelope(&e);
+  }
+}
+
 int main(int argc, char **argv) {
+  if (argc == 8 && strcmp(argv[1], "--echo") == 0) return echo(argv);
   if (argc != 8) {
     fprintf(stderr, "usage: amqp-c-baseline HOST PORT USER PASSWORD MESSAGES WINDOW BODY_BYTES\n");
     return 2;
