@@ -4,11 +4,12 @@
 //
 // Then one pipeline stage at a paced rate (`--echo-rate`, default 166/s):
 // a process that consumes each message, publishes it on (persistent,
-// confirmed) and acks it once confirmed — the Swift layer as the services use
-// it (deliveries handled and acked on the connection's thread), against the
-// same stage in C (`amqp-c-baseline --echo`). Each message meets idle
-// threads, as a service's do at moderate rates; the figure is the stage
-// process's CPU (user + system) per message.
+// confirmed) and acks it once confirmed, on one connection with two channels
+// (deliveries handled and acked on the connection's thread), against the same
+// stage in C (`amqp-c-baseline --echo`). Each message meets idle threads, as
+// a service's do at moderate rates; the figure is the stage process's CPU
+// (user + system, from its CPU clock) per message. A floor: the services add
+// their reconnecting client, batch queues and a hop to the task pool.
 //
 //   amqp-bench [--url URL] [--messages N] [--body-bytes B] [--runs R]
 //              [--echo-rate R] [--echo-messages N] [--echo-only]
@@ -25,19 +26,35 @@ struct Figures: Decodable {
 }
 
 
+/// A whole-number or decimal option within `range`, or exit 2 with why.
+func option<T: LosslessStringConvertible & Comparable>(_ name: String, _ fallback: T, _ range: ClosedRange<T>) -> T {
+    let text = argument(name, "\(fallback)")
+    guard let value = T(text), range.contains(value) else {
+        FileHandle.standardError.write(Data("amqp-bench: \(name) \(text): want \(range.lowerBound)...\(range.upperBound)\n".utf8))
+        exit(2)
+    }
+    return value
+}
+
 let urlText = argument("--url", ProcessInfo.processInfo.environment["AMQP_URL"] ?? "amqp://guest:guest@127.0.0.1:5682/%2f")
 let url = try AMQPURL(parsing: urlText)
-let messages = Int(argument("--messages", "20000"))!
-let bodyBytes = Int(argument("--body-bytes", "512"))!
-let runs = Int(argument("--runs", "3"))!
+let messages = option("--messages", 20000, 1...10_000_000)
+let bodyBytes = option("--body-bytes", 512, 0...1_048_576)
+let runs = option("--runs", 3, 1...100)
 
-let echoRate = Double(argument("--echo-rate", "166")) ?? 166
-let echoMessages = Int(argument("--echo-messages", "2000")) ?? 2000
+let echoRate = option("--echo-rate", 166.0, 1...100_000)
+let echoMessages = option("--echo-messages", 2000, 1...10_000_000)
 let echoOnly = CommandLine.arguments.contains("--echo-only")
 
 /// The Swift stage: consume FROM (prefetch 2); each delivery is published to
-/// TO from the connection thread it arrived on and acked there when confirmed.
+/// TO from the connection thread it arrived on and acked there when
+/// confirmed. Ends when the consumer does, or stdin closes (the driver is
+/// gone); a publish that failed ends it with 1.
 func echoServe(from: String, to: String) async throws -> Never {
+    Thread.detachNewThread {
+        _ = FileHandle.standardInput.readDataToEndOfFile()
+        exit(0)
+    }
     let connection = try await AMQPConnection.connect(.init(url: url, connectionName: "amqp-bench:echo"))
     let input = try await connection.openChannel()
     let output = try await connection.openChannel()
@@ -47,67 +64,103 @@ func echoServe(from: String, to: String) async throws -> Never {
     let (ended, end) = AsyncStream<Void>.makeStream()
     _ = try await input.consume(queue: from, deliver: { delivery in
         output.publishWithoutWaiting([OutboundMessage(exchange: "", routingKey: to, body: delivery.body, properties: properties)]) { result in
-            if case .success(let results) = result, results.allSatisfy({ (try? $0.get()) != nil }) { try? delivery.ack() }
+            guard case .success(let results) = result, results.allSatisfy({ (try? $0.get()) != nil }) else {
+                FileHandle.standardError.write(Data("amqp-bench --echo-serve: a publish was not confirmed: \(result)\n".utf8))
+                exit(1)
+            }
+            do { try delivery.ack() } catch {
+                FileHandle.standardError.write(Data("amqp-bench --echo-serve: ack: \(error)\n".utf8))
+                exit(1)
+            }
         }
     }, finished: { _ in end.finish() })
     for await _ in ended {}
     exit(0)
 }
 
-if let i = CommandLine.arguments.firstIndex(of: "--echo-serve"), i + 2 < CommandLine.arguments.count {
+if let i = CommandLine.arguments.firstIndex(of: "--echo-serve") {
+    guard i + 2 < CommandLine.arguments.count else {
+        FileHandle.standardError.write(Data("usage: amqp-bench --echo-serve FROM TO [--url URL]\n".utf8))
+        exit(2)
+    }
     try await echoServe(from: CommandLine.arguments[i + 1], to: CommandLine.arguments[i + 2])
 }
 
-/// utime + stime of a process, in milliseconds (from /proc, at the kernel's tick).
+/// CPU-ms (user + system, all its threads) a process has used so far, from
+/// its CPU clock: nanoseconds, not /proc's 10 ms ticks.
 func processCPUms(_ pid: Int32) -> Double? {
-    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-          let close = stat.lastIndex(of: ")") else { return nil }
-    let fields = stat[stat.index(after: close)...].split(separator: " ")
-    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
-    return (user + system) * 1000 / Double(sysconf(Int32(_SC_CLK_TCK)))
+    var clock = clockid_t()
+    var now = timespec()
+    guard clock_getcpuclockid(pid, &clock) == 0, clock_gettime(clock, &now) == 0 else { return nil }
+    return Double(now.tv_sec) * 1000 + Double(now.tv_nsec) / 1e6
 }
 
 /// One stage process (`command`) between two fresh quorum queues: `echoMessages`
-/// published into it at `echoRate`, one at a time; returns its CPU-ms a message.
-func echoRun(_ command: [String]) async throws -> Double {
+/// published into it at `echoRate`, one at a time (each confirmed before the
+/// next). Returns its CPU-ms a message and the rate achieved. The stage ends
+/// with the driver (its stdin closes) or is killed; the queues go either way.
+func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) {
     let tag = UUID().uuidString.prefix(8)
     let from = "frontdesk.bench.echo-in.\(tag)", to = "frontdesk.bench.echo-out.\(tag)"
     let connection = try await AMQPConnection.connect(.init(url: url, connectionName: "amqp-bench:echo-driver"))
     let channel = try await connection.openChannel()
-    for queue in [from, to] { try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"]) }
-    try await channel.confirmSelect()
-    let received = Mutex(0)
-    let watch = try await connection.openChannel()
-    _ = try await watch.consume(queue: to, noAck: true, deliver: { _ in received.withLock { $0 += 1 } }, finished: { _ in })
+    func cleanUp() async {
+        for queue in [from, to] { _ = try? await channel.queueDelete(queue) }
+        await connection.close()
+    }
     let stage = Process()
-    stage.executableURL = URL(fileURLWithPath: command[0])
-    stage.arguments = Array(command.dropFirst()) + [from, to]
-    try stage.run()
-    // SIGKILL: a child spawned from a Dispatch thread inherits its blocked signal mask, so SIGTERM would wait.
-    defer { kill(stage.processIdentifier, SIGKILL); stage.waitUntilExit() }
-    let body = Data(repeating: UInt8(ascii: "x"), count: bodyBytes)
-    let message = OutboundMessage(exchange: "", routingKey: from, body: body, properties: AMQPProperties(contentType: "application/json", deliveryMode: 2))
-    func waitFor(_ count: Int) async throws {
-        let deadline = ContinuousClock.now + .seconds(60)
-        while received.withLock({ $0 }) < count {
-            guard ContinuousClock.now < deadline else { throw AMQPError(.library, "the stage passed on \(received.withLock { $0 }) of \(count)") }
-            try await Task.sleep(for: .milliseconds(20))
+    do {
+        for queue in [from, to] { try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"]) }
+        try await channel.confirmSelect()
+        let received = Mutex(0)
+        let watch = try await connection.openChannel()
+        _ = try await watch.consume(queue: to, noAck: true, deliver: { _ in received.withLock { $0 += 1 } }, finished: { _ in })
+        stage.executableURL = URL(fileURLWithPath: command[0])
+        stage.arguments = Array(command.dropFirst()) + [from, to]
+        let stdin = Pipe()
+        stage.standardInput = stdin
+        try stage.run()
+        // SIGKILL: a child spawned from a Dispatch thread inherits its blocked
+        // signal mask, so a SIGTERM could wait forever.
+        defer { kill(stage.processIdentifier, SIGKILL); stage.waitUntilExit() }
+        let body = Data(repeating: UInt8(ascii: "x"), count: bodyBytes)
+        let message = OutboundMessage(exchange: "", routingKey: from, body: body, properties: AMQPProperties(contentType: "application/json", deliveryMode: 2))
+        func waitFor(_ count: Int) async throws {
+            let deadline = ContinuousClock.now + .seconds(60)
+            while received.withLock({ $0 }) < count {
+                guard stage.isRunning else { throw AMQPError(.library, "\(command[0]) exited \(stage.terminationStatus)") }
+                guard ContinuousClock.now < deadline else { throw AMQPError(.library, "the stage passed on \(received.withLock { $0 }) of \(count)") }
+                try await Task.sleep(for: .milliseconds(20))
+            }
         }
+        // Warm: the stage is consuming once the first 50 came through.
+        for _ in 0..<50 { try await channel.publish(message) }
+        try await waitFor(50)
+        guard let cpuStart = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no CPU clock for the stage") }
+        let start = ContinuousClock.now
+        for i in 0..<echoMessages {
+            try await Task.sleep(until: start + .seconds(Double(i) / echoRate), clock: .continuous)
+            try await channel.publish(message)
+        }
+        let published = ContinuousClock.now
+        try await waitFor(50 + echoMessages)
+        guard let cpuEnd = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no CPU clock for the stage") }
+        kill(stage.processIdentifier, SIGKILL)
+        stage.waitUntilExit()
+        // Every message acked once it was passed on (none returned to the
+        // queue when the stage died), and none passed on twice.
+        let left = try await channel.queueDelete(from)
+        let passed = received.withLock { $0 }
+        guard left == 0, passed == 50 + echoMessages else {
+            throw AMQPError(.library, "the stage left \(left) unacked and passed on \(passed) of \(50 + echoMessages)")
+        }
+        await cleanUp()
+        return ((cpuEnd - cpuStart) / Double(echoMessages), Double(echoMessages) / max((published - start).seconds, 1e-9))
+    } catch {
+        if stage.isRunning { kill(stage.processIdentifier, SIGKILL) }
+        await cleanUp()
+        throw error
     }
-    // Warm: the stage is consuming once the first 50 came through.
-    for _ in 0..<50 { try await channel.publish(message) }
-    try await waitFor(50)
-    guard let cpuStart = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no /proc for the stage") }
-    let start = ContinuousClock.now
-    for i in 0..<echoMessages {
-        try await Task.sleep(until: start + .seconds(Double(i) / echoRate), clock: .continuous)
-        try await channel.publish(message)
-    }
-    try await waitFor(50 + echoMessages)
-    guard let cpuEnd = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no /proc for the stage") }
-    for queue in [from, to] { try await channel.queueDelete(queue) }
-    await connection.close()
-    return (cpuEnd - cpuStart) / Double(echoMessages)
 }
 
 func percentile(_ sorted: [Double], _ p: Double) -> Double { sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))] }
@@ -189,17 +242,21 @@ for window in echoOnly ? [] : [1, 10, 100] {
 }
 
 print("")
-print("one stage (consume, publish on confirmed, ack) at \(Int(echoRate))/s, one message at a time, \(echoMessages) messages: "
-      + "the stage's CPU-ms a message; median of \(runs) runs, C and Swift interleaved")
-let here = CommandLine.arguments[0]
+guard !url.tls else {
+    FileHandle.standardError.write(Data("amqp-bench: the C stage has no TLS: give an amqp:// URL\n".utf8))
+    exit(2)
+}
+print("one stage (consume, publish on confirmed, ack; one connection, two channels) at \(Int(echoRate))/s, one message at a time, "
+      + "\(echoMessages) messages: the stage's CPU-ms a message; median of \(runs) runs, C and Swift interleaved")
+let here = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
 let baseline = URL(fileURLWithPath: here).deletingLastPathComponent().appendingPathComponent("amqp-c-baseline").path
-var cEcho: [Double] = [], sEcho: [Double] = []
+var cEcho: [(cpuMs: Double, rate: Double)] = [], sEcho: [(cpuMs: Double, rate: Double)] = []
 for _ in 0..<runs {
-    cEcho.append(try await echoRun([baseline, "--echo", url.host, "\(url.port)", url.user, url.password]))
+    cEcho.append(try await echoRun([baseline, "--echo", url.host, "\(url.port)", url.user, url.password, url.vhost]))
     sEcho.append(try await echoRun([here, "--url", urlText, "--echo-serve"]))
 }
 for (name, xs) in [("C", cEcho), ("Swift", sEcho)] {
-    print("  " + name.padding(toLength: 6, withPad: " ", startingAt: 0) + String(format: "  %.4f CPU-ms a message", median(xs))
-          + "  (runs: " + xs.map { String(format: "%.4f", $0) }.joined(separator: " ") + ")")
+    print("  " + name.padding(toLength: 6, withPad: " ", startingAt: 0) + String(format: "  %.4f CPU-ms a message", median(xs.map(\.cpuMs)))
+          + "  (runs: " + xs.map { String(format: "%.4f at %.0f/s", $0.cpuMs, $0.rate) }.joined(separator: ", ") + ")")
 }
-print(String(format: "  Swift/C CPU a message = %.2f", median(sEcho) / median(cEcho)))
+print(String(format: "  Swift/C CPU a message = %.2f", median(sEcho.map(\.cpuMs)) / median(cEcho.map(\.cpuMs))))
