@@ -110,7 +110,8 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
     }
     let stage = Process()
     do {
-        for queue in [from, to] { try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"]) }
+        // x-expires: if the driver is killed, the queues go ten minutes after their stage.
+        for queue in [from, to] { try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum", "x-expires": .int32(600_000)]) }
         try await channel.confirmSelect()
         let received = Mutex(0)
         let watch = try await connection.openChannel()
