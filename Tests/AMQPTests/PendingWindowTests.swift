@@ -21,6 +21,25 @@ struct PendingWindowTests {
         return false
     }
 
+    @Test("a batch completes once, with each message's first result in publish order, for one message or several")
+    func batchResolvesOnceInOrder() {
+        for n in [1, 3] {
+            nonisolated(unsafe) var completions: [[Result<Void, AMQPError>]] = []
+            let batch = PublishBatch(count: n) { result in if let r = try? result.get() { completions.append(r) } }
+            let nack = AMQPError(.nacked, "nacked")
+            // Out of order, with a repeat that must not count twice.
+            for index in (0..<n).reversed() {
+                batch.resolve(index, index == n - 1 ? .failure(nack) : .success(()))
+                batch.resolve(index, .success(()))
+                #expect(completions.isEmpty == (index > 0))
+            }
+            batch.resolve(0, .failure(nack))
+            #expect(completions.count == 1)
+            let failed = (completions.first ?? []).map { if case .failure = $0 { true } else { false } }
+            #expect(failed == (0..<n).map { $0 == n - 1 })
+        }
+    }
+
     @Test func outOfOrderConfirmsLeaveHolesThatCloseFromTheFront() {
         let (ch, _, outcome) = channel(publishing: 40)  // past the ring's first 16 slots: it grows
         #expect(ch.pending.count == 40 && ch.pending.next == 41)

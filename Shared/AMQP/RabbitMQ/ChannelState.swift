@@ -9,24 +9,40 @@ struct ConsumerSink: Sendable {
 
 /// The publishes of one `publish` call, resolved together.
 final class PublishBatch {
-    var results: [Result<Void, AMQPError>?]
-    var remaining: Int
+    /// Message 0's result and the others': most windows are one message, and
+    /// need no array until they complete (an array here was 7% of a paced
+    /// stage's user-space CPU: its allocation and element metadata).
+    private var first: Result<Void, AMQPError>?
+    private var rest: [Result<Void, AMQPError>?]
+    private var remaining: Int
     /// What was published: a basic.return is matched against these.
     var messages: [OutboundMessage] = []
     /// Called once, on the connection thread, with every result or the error.
     let complete: (Result<[Result<Void, AMQPError>], Error>) -> Void
 
     init(count: Int, complete: @escaping (Result<[Result<Void, AMQPError>], Error>) -> Void) {
-        results = Array(repeating: nil, count: count)
+        rest = count > 1 ? Array(repeating: nil, count: count - 1) : []
         remaining = count
         self.complete = complete
     }
 
+    /// Message `index`'s result; the first for each index counts.
     func resolve(_ index: Int, _ result: Result<Void, AMQPError>) {
-        guard results[index] == nil else { return }
-        results[index] = result
+        if index == 0 {
+            guard first == nil else { return }
+            first = result
+        } else {
+            guard rest[index - 1] == nil else { return }
+            rest[index - 1] = result
+        }
         remaining -= 1
-        if remaining == 0 { complete(.success(results.map { $0! })) }
+        guard remaining == 0, let first else { return }
+        var all: [Result<Void, AMQPError>] = [first]
+        if !rest.isEmpty {
+            all.reserveCapacity(1 + rest.count)
+            for r in rest { all.append(r!) }
+        }
+        complete(.success(all))
     }
 }
 
