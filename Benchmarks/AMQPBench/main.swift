@@ -45,6 +45,8 @@ let runs = option("--runs", 3, 1...100)
 let echoRate = option("--echo-rate", 166.0, 1...100_000)
 let echoMessages = option("--echo-messages", 2000, 1...10_000_000)
 let echoOnly = CommandLine.arguments.contains("--echo-only")
+/// What the driver and the Swift stage publish (the C stage sets the same).
+let echoProperties = AMQPProperties(contentType: "application/json", deliveryMode: 2)
 
 /// The Swift stage: consume FROM (prefetch 2); each delivery is published to
 /// TO from the connection thread it arrived on and acked there when
@@ -60,10 +62,9 @@ func echoServe(from: String, to: String) async throws -> Never {
     let output = try await connection.openChannel()
     try await output.confirmSelect()
     try await input.qos(prefetchCount: 2)
-    let properties = AMQPProperties(contentType: "application/json", deliveryMode: 2)
     let (ended, end) = AsyncStream<Void>.makeStream()
     _ = try await input.consume(queue: from, deliver: { delivery in
-        output.publishWithoutWaiting([OutboundMessage(exchange: "", routingKey: to, body: delivery.body, properties: properties)]) { result in
+        output.publishWithoutWaiting([OutboundMessage(exchange: "", routingKey: to, body: delivery.body, properties: echoProperties)]) { result in
             guard case .success(let results) = result, results.allSatisfy({ (try? $0.get()) != nil }) else {
                 FileHandle.standardError.write(Data("amqp-bench --echo-serve: a publish was not confirmed: \(result)\n".utf8))
                 exit(1)
@@ -86,15 +87,6 @@ if let i = CommandLine.arguments.firstIndex(of: "--echo-serve") {
     try await echoServe(from: CommandLine.arguments[i + 1], to: CommandLine.arguments[i + 2])
 }
 
-/// CPU-ms (user + system, all its threads) a process has used so far, from
-/// its CPU clock: nanoseconds, not /proc's 10 ms ticks.
-func processCPUms(_ pid: Int32) -> Double? {
-    var clock = clockid_t()
-    var now = timespec()
-    guard clock_getcpuclockid(pid, &clock) == 0, clock_gettime(clock, &now) == 0 else { return nil }
-    return Double(now.tv_sec) * 1000 + Double(now.tv_nsec) / 1e6
-}
-
 /// One stage process (`command`) between two fresh quorum queues: `echoMessages`
 /// published into it at `echoRate`, one at a time (each confirmed before the
 /// next). Returns its CPU-ms a message and the rate achieved. The stage ends
@@ -109,6 +101,15 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
         await connection.close()
     }
     let stage = Process()
+    var started = false
+    /// SIGKILL: a child spawned from a Dispatch thread inherits its blocked
+    /// signal mask, so a SIGTERM could wait forever. Once: a reaped pid may be reused.
+    func stopStage() {
+        guard started else { return }
+        started = false
+        kill(stage.processIdentifier, SIGKILL)
+        stage.waitUntilExit()
+    }
     do {
         // x-expires: if the driver is killed, the queues go ten minutes after their stage.
         for queue in [from, to] { try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum", "x-expires": .int32(600_000)]) }
@@ -121,11 +122,9 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
         let stdin = Pipe()
         stage.standardInput = stdin
         try stage.run()
-        // SIGKILL: a child spawned from a Dispatch thread inherits its blocked
-        // signal mask, so a SIGTERM could wait forever.
-        defer { kill(stage.processIdentifier, SIGKILL); stage.waitUntilExit() }
+        started = true
         let body = Data(repeating: UInt8(ascii: "x"), count: bodyBytes)
-        let message = OutboundMessage(exchange: "", routingKey: from, body: body, properties: AMQPProperties(contentType: "application/json", deliveryMode: 2))
+        let message = OutboundMessage(exchange: "", routingKey: from, body: body, properties: echoProperties)
         func waitFor(_ count: Int) async throws {
             let deadline = ContinuousClock.now + .seconds(60)
             while received.withLock({ $0 }) < count {
@@ -137,7 +136,7 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
         // Warm: the stage is consuming once the first 50 came through.
         for _ in 0..<50 { try await channel.publish(message) }
         try await waitFor(50)
-        guard let cpuStart = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no CPU clock for the stage") }
+        guard let cpuStart = ProcStats.cpuClockSeconds(stage.processIdentifier) else { throw AMQPError(.library, "no CPU clock for the stage") }
         let start = ContinuousClock.now
         for i in 0..<echoMessages {
             try await Task.sleep(until: start + .seconds(Double(i) / echoRate), clock: .continuous)
@@ -145,9 +144,8 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
         }
         let published = ContinuousClock.now
         try await waitFor(50 + echoMessages)
-        guard let cpuEnd = processCPUms(stage.processIdentifier) else { throw AMQPError(.library, "no CPU clock for the stage") }
-        kill(stage.processIdentifier, SIGKILL)
-        stage.waitUntilExit()
+        guard let cpuEnd = ProcStats.cpuClockSeconds(stage.processIdentifier) else { throw AMQPError(.library, "no CPU clock for the stage") }
+        stopStage()
         // Every message acked once it was passed on (none returned to the
         // queue when the stage died), and none passed on twice.
         let left = try await channel.queueDelete(from)
@@ -156,9 +154,9 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
             throw AMQPError(.library, "the stage left \(left) unacked and passed on \(passed) of \(50 + echoMessages)")
         }
         await cleanUp()
-        return ((cpuEnd - cpuStart) / Double(echoMessages), Double(echoMessages) / max((published - start).seconds, 1e-9))
+        return ((cpuEnd - cpuStart) * 1000 / Double(echoMessages), Double(echoMessages) / max((published - start).seconds, 1e-9))
     } catch {
-        if stage.isRunning { kill(stage.processIdentifier, SIGKILL) }
+        stopStage()
         await cleanUp()
         throw error
     }

@@ -18,10 +18,9 @@
 #include <amqp_tcp_socket.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <sys/time.h>
-#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 

@@ -35,6 +35,15 @@ public enum ProcStats {
         return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }
 
+    /// User + system CPU seconds so far, all its threads, from the process's
+    /// CPU clock: nanoseconds, where /proc counts 10 ms ticks.
+    public static func cpuClockSeconds(_ pid: Int32) -> Double? {
+        var clock = clockid_t()
+        var now = timespec()
+        guard clock_getcpuclockid(pid, &clock) == 0, clock_gettime(clock, &now) == 0 else { return nil }
+        return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+    }
+
     /// Jiffies of all cores so far from /proc/stat: busy (user, nice, system,
     /// irq, softirq, steal) and the total with idle and iowait.
     public static func machineJiffies() -> (busy: Double, total: Double)? {

@@ -37,11 +37,10 @@ final class PublishBatch {
         }
         remaining -= 1
         guard remaining == 0, let first else { return }
-        var all: [Result<Void, AMQPError>] = [first]
-        if !rest.isEmpty {
-            all.reserveCapacity(1 + rest.count)
-            for r in rest { all.append(r!) }
-        }
+        var all: [Result<Void, AMQPError>] = []
+        all.reserveCapacity(1 + rest.count)
+        all.append(first)
+        for r in rest { all.append(r!) }
         complete(.success(all))
     }
 }
