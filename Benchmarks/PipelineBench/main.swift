@@ -69,6 +69,31 @@ let routes = "Shared/FrontDeskModel/Resources/routes.example.json"
 
 // MARK: - Processes
 
+/// The pids of the services and agents this bench started, for the
+/// interrupt handler: a signal handler may only read memory and call
+/// async-signal-safe functions, so a fixed array and an atomic count
+/// (a slot is written before the count that covers it).
+let startedCapacity = 256
+nonisolated(unsafe) let startedPids = UnsafeMutablePointer<pid_t>.allocate(capacity: startedCapacity)
+let startedCount = Atomic<Int>(0)
+
+/// SIGINT or SIGTERM: the started processes go with the bench (SIGKILL: an
+/// interrupted run's figures are gone anyway), then it ends by that signal.
+/// A handler, not an ignored signal with a Dispatch source: an ignored
+/// signal would stay ignored in every child started after it. The run's
+/// vhosts are left behind.
+func installInterruptHandler() {
+    var action = sigaction()
+    action.__sigaction_handler.sa_handler = { signal in
+        for i in 0..<min(startedCount.load(ordering: .acquiring), startedCapacity) { kill(startedPids[i], SIGKILL) }
+        Glibc.signal(signal, SIG_DFL)
+        raise(signal)
+    }
+    sigemptyset(&action.sa_mask)
+    for s in [SIGINT, SIGTERM] { sigaction(s, &action, nil) }
+}
+installInterruptHandler()
+
 func start(_ name: String, _ arguments: [String], vhost: String, httpPort: Int = 0) throws -> Process {
     let p = Process()
     p.executableURL = binDirectory.appendingPathComponent(name)
@@ -83,6 +108,11 @@ func start(_ name: String, _ arguments: [String], vhost: String, httpPort: Int =
     p.standardOutput = FileHandle.nullDevice
     p.standardError = FileHandle.standardError
     try p.run()
+    let n = startedCount.load(ordering: .relaxed)
+    if n < startedCapacity {
+        startedPids[n] = p.processIdentifier
+        startedCount.store(n + 1, ordering: .releasing)
+    }
     return p
 }
 
