@@ -103,11 +103,12 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
     let stage = Process()
     var started = false
     /// SIGKILL: a child spawned from a Dispatch thread inherits its blocked
-    /// signal mask, so a SIGTERM could wait forever. Once: a reaped pid may be reused.
+    /// signal mask, so a SIGTERM could wait forever. Once, and only while it
+    /// runs: the pid of a stage that ended by itself (and was reaped) may be reused.
     func stopStage() {
         guard started else { return }
         started = false
-        kill(stage.processIdentifier, SIGKILL)
+        if stage.isRunning { kill(stage.processIdentifier, SIGKILL) }
         stage.waitUntilExit()
     }
     do {
