@@ -19,7 +19,16 @@ eval "$(bash scripts/broker.sh env)"
 swift build --build-tests -Xswiftc -warnings-as-errors
 FRONTDESK_SWIFT_FLAGS="-Xswiftc -warnings-as-errors" bash scripts/demo.sh --check
 bash scripts/check-deploy.sh
-swift test -Xswiftc -warnings-as-errors
+# Each service the Swift tests start logs (info and up) into a file of its
+# own, named by its test's vhost; after a failure their warnings and errors
+# are shown.
+test_logs=$(mktemp -d)
+if ! FRONTDESK_TEST_LOG_DIR="$test_logs" FRONTDESK_TEST_LOG_LEVEL=info swift test -Xswiftc -warnings-as-errors; then
+  echo "test.sh: a test failed; the services' warnings and errors follow (their whole logs: $test_logs)"
+  grep -H '"level":"\(warning\|error\)"' "$test_logs"/*.log | sed "s|^$test_logs/||" | tail -n 1500 || true
+  exit 1
+fi
+rm -rf "$test_logs"
 # The web Live Activity in headless Chromium against the real services.
 python3 Tests/Browser/live_activity_test.py
 # frontdesk dispatch on a pseudo-terminal: redraw, keys, Ctrl-C.

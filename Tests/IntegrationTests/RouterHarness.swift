@@ -244,7 +244,9 @@ final class RouterHarness: @unchecked Sendable {
         env["AMQP_URL"] = "amqp://guest:guest@\(url.host):\(url.port)/\(vhost)"
         env["FRONTDESK_ROUTES"] = tableFile
         env["FRONTDESK_HTTP_PORT"] = "\(port)"
-        env["FRONTDESK_LOG_LEVEL"] = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"] == nil ? "warning" : "debug"
+        // With FRONTDESK_TEST_LOG_DIR: FRONTDESK_TEST_LOG_LEVEL, debug unless set.
+        let outer = ProcessInfo.processInfo.environment
+        env["FRONTDESK_LOG_LEVEL"] = outer["FRONTDESK_TEST_LOG_DIR"] == nil ? "warning" : outer["FRONTDESK_TEST_LOG_LEVEL"] ?? "debug"
         for (k, v) in extraEnvironment { env[k] = v }
         p.environment = env
         // No inherited descriptors: a router that outlived its test must not
