@@ -122,7 +122,7 @@ func echoRun(_ command: [String]) async throws -> (cpuMs: Double, rate: Double) 
         stage.arguments = Array(command.dropFirst()) + [from, to]
         let stdin = Pipe()
         stage.standardInput = stdin
-        try stage.run()
+        try Children.run(stage)
         started = true
         let body = Data(repeating: UInt8(ascii: "x"), count: bodyBytes)
         let message = OutboundMessage(exchange: "", routingKey: from, body: body, properties: echoProperties)

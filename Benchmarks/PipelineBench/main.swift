@@ -69,58 +69,6 @@ let routes = "Shared/FrontDeskModel/Resources/routes.example.json"
 
 // MARK: - Processes
 
-/// The pids of the services and agents this bench started and that still
-/// run, for the interrupt handler: a signal handler may only read memory and
-/// call async-signal-safe functions, so a fixed table of atomics. A slot is
-/// claimed once and cleared (-1) when Foundation reaps its child, so the
-/// handler never signals a pid that may have been reused.
-let startedCapacity = 256
-nonisolated(unsafe) let startedPids: UnsafeMutablePointer<Atomic<Int32>> = {
-    let table = UnsafeMutablePointer<Atomic<Int32>>.allocate(capacity: startedCapacity)
-    for i in 0..<startedCapacity { (table + i).initialize(to: Atomic(0)) }
-    return table
-}()
-let startedClaimed = Atomic<Int>(0)
-
-/// SIGINT, SIGTERM, SIGHUP or SIGQUIT: the started processes go with the
-/// bench (SIGKILL: an interrupted run's figures are gone anyway), then it
-/// ends by that signal. A handler, not an ignored signal with a Dispatch
-/// source: an ignored signal stays ignored in every child started after it.
-/// The run's vhosts are left behind.
-let interruptSignals = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
-func installInterruptHandler() {
-    var action = sigaction()
-    action.__sigaction_handler.sa_handler = { signal in
-        let claimed = min(startedClaimed.load(ordering: .acquiring), startedCapacity)
-        var i = 0
-        while i < claimed {
-            let pid = startedPids[i].load(ordering: .acquiring)
-            if pid > 0 { kill(pid, SIGKILL) }  // never 0 or -1: those are process groups
-            i += 1
-        }
-        Glibc.signal(signal, SIG_DFL)
-        raise(signal)
-    }
-    sigemptyset(&action.sa_mask)
-    for s in interruptSignals { sigaddset(&action.sa_mask, s) }
-    for s in interruptSignals { sigaction(s, &action, nil) }
-}
-installInterruptHandler()
-
-/// Runs `p`, recorded for the interrupt handler until Foundation reaps it.
-/// The slot is -1 once reaped; the pid goes in only over a slot still 0, so
-/// a child that ended before its pid was stored is never recorded.
-func runTracked(_ p: Process) throws {
-    let slot = startedClaimed.wrappingAdd(1, ordering: .relaxed).oldValue
-    guard slot < startedCapacity else {
-        FileHandle.standardError.write(Data("pipeline-bench: more than \(startedCapacity) processes; an interrupt leaves the rest running\n".utf8))
-        return try p.run()
-    }
-    p.terminationHandler = { _ in startedPids[slot].store(-1, ordering: .releasing) }
-    try p.run()
-    _ = startedPids[slot].compareExchange(expected: 0, desired: p.processIdentifier, ordering: .acquiringAndReleasing)
-}
-
 func start(_ name: String, _ arguments: [String], vhost: String, httpPort: Int = 0) throws -> Process {
     let p = Process()
     p.executableURL = binDirectory.appendingPathComponent(name)
@@ -134,7 +82,7 @@ func start(_ name: String, _ arguments: [String], vhost: String, httpPort: Int =
     p.environment = environment
     p.standardOutput = FileHandle.nullDevice
     p.standardError = FileHandle.standardError
-    try runTracked(p)
+    try Children.run(p)  // the run's vhosts are left behind on an interrupt
     return p
 }
 

@@ -23,7 +23,7 @@ func run(_ executable: String, _ arguments: [String], environment: [String: Stri
     _ = FileManager.default.createFile(atPath: out.path, contents: nil)
     p.standardOutput = try FileHandle(forWritingTo: out)
     p.standardError = FileHandle.nullDevice
-    try p.run()
+    try Children.run(p)
     guard wait else { return (p, "") }
     p.waitUntilExit()
     return (p, (try? String(contentsOf: out, encoding: .utf8)) ?? "")

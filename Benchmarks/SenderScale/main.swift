@@ -31,7 +31,7 @@ sender.executableURL = bin.appendingPathComponent("frontdesk-sender")
 sender.environment = environment
 sender.standardOutput = FileHandle.nullDevice
 sender.standardError = FileHandle.nullDevice
-try sender.run()
+try Children.run(sender)
 defer { sender.terminate() }
 
 let connection = try await AMQPConnection.connect(.init(url: url, connectionName: "sender-scale"))

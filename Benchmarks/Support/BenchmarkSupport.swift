@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// `--name value` from the command line, or `fallback`.
 public func argument(_ name: String, _ fallback: String) -> String {
@@ -69,4 +70,63 @@ public enum ProcStats {
         }
         return nil
     }
+}
+
+/// The processes a benchmark starts (services, agents, stages), killed with
+/// it when it is interrupted (SIGINT, SIGTERM, SIGHUP, SIGQUIT): otherwise
+/// they run on, and a later run or profile measures them.
+public enum Children {
+    /// Runs `p` (setting its `terminationHandler`), recorded until Foundation
+    /// reaps it. The first call installs the interrupt handler.
+    public static func run(_ p: Process) throws {
+        _ = installed
+        let slot = claimed.wrappingAdd(1, ordering: .relaxed).oldValue
+        guard slot < capacity else {
+            FileHandle.standardError.write(Data("benchmark: more than \(capacity) processes; an interrupt leaves the rest running\n".utf8))
+            return try p.run()
+        }
+        // -1 once reaped; the pid goes in only over a slot still 0, so a
+        // child that ended before its pid was stored is never signalled.
+        p.terminationHandler = { _ in pids[slot].store(-1, ordering: .releasing) }
+        try p.run()
+        _ = pids[slot].compareExchange(expected: 0, desired: p.processIdentifier, ordering: .acquiringAndReleasing)
+    }
+
+    /// A signal handler may only read memory and call async-signal-safe
+    /// functions: a fixed table of atomics, every slot claimed once and
+    /// cleared when its child is reaped, so a reused pid is never hit.
+    static let capacity = 256
+    nonisolated(unsafe) static let pids: UnsafeMutablePointer<Atomic<Int32>> = {
+        let table = UnsafeMutablePointer<Atomic<Int32>>.allocate(capacity: capacity)
+        for i in 0..<capacity { (table + i).initialize(to: Atomic(0)) }
+        return table
+    }()
+    static let claimed = Atomic<Int>(0)
+
+    /// SIGKILL to every child still running (an interrupted run's figures are
+    /// gone anyway), then the bench ends by that signal. A handler, not an
+    /// ignored signal with a Dispatch source: an ignored signal would stay
+    /// ignored in every child started after it. Installed from `run`, after
+    /// the table and count exist: the handler must not be the first to touch
+    /// them (a module's globals are initialised lazily).
+    static let installed: Void = {
+        _ = pids
+        _ = claimed.load(ordering: .relaxed)
+        let signals = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
+        var action = sigaction()
+        action.__sigaction_handler.sa_handler = { signal in
+            let count = min(claimed.load(ordering: .acquiring), capacity)
+            var i = 0
+            while i < count {
+                let pid = pids[i].load(ordering: .acquiring)
+                if pid > 0 { kill(pid, SIGKILL) }  // never 0 or -1: those are process groups
+                i += 1
+            }
+            Glibc.signal(signal, SIG_DFL)
+            raise(signal)
+        }
+        sigemptyset(&action.sa_mask)
+        for s in signals { sigaddset(&action.sa_mask, s) }
+        for s in signals { sigaction(s, &action, nil) }
+    }()
 }

@@ -254,7 +254,7 @@ final class RouterHarness: @unchecked Sendable {
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
         // FRONTDESK_TEST_LOG_DIR keeps each service's log, for a failure to be read.
-        if let dir = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"] {
+        if let dir = outer["FRONTDESK_TEST_LOG_DIR"] {
             let file = "\(dir)/\(vhost)-\(executable)-\(port).log"
             _ = FileManager.default.createFile(atPath: file, contents: nil)
             p.standardError = FileHandle(forWritingAtPath: file) ?? FileHandle.nullDevice
