@@ -212,7 +212,7 @@ func cRun(window: Int) throws -> Figures {
     p.arguments = [url.host, "\(url.port)", url.user, url.password, "\(messages)", "\(window)", "\(bodyBytes)"]
     let out = Pipe()
     p.standardOutput = out
-    try p.run()
+    try Children.run(p)
     let data = out.fileHandleForReading.readDataToEndOfFile()
     p.waitUntilExit()
     guard p.terminationStatus == 0 else { throw AMQPError(.library, "amqp-c-baseline exited \(p.terminationStatus)") }

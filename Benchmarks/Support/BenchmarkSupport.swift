@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 import Synchronization
 
 /// `--name value` from the command line, or `fallback`.
@@ -76,18 +77,22 @@ public enum ProcStats {
 /// it when it is interrupted (SIGINT, SIGTERM, SIGHUP, SIGQUIT): otherwise
 /// they run on, and a later run or profile measures them.
 public enum Children {
-    /// Runs `p` (setting its `terminationHandler`), recorded until Foundation
-    /// reaps it. The first call installs the interrupt handler.
+    /// Runs `p`, recorded until Foundation reaps it (its `terminationHandler`
+    /// is kept and called after). The first call installs the interrupt handler.
     public static func run(_ p: Process) throws {
         _ = installed
         let slot = claimed.wrappingAdd(1, ordering: .relaxed).oldValue
         guard slot < capacity else {
-            FileHandle.standardError.write(Data("benchmark: more than \(capacity) processes; an interrupt leaves the rest running\n".utf8))
+            FileHandle.standardError.write(Data("\(ProcessInfo.processInfo.processName): more than \(capacity) processes; an interrupt leaves the rest running\n".utf8))
             return try p.run()
         }
         // -1 once reaped; the pid goes in only over a slot still 0, so a
         // child that ended before its pid was stored is never signalled.
-        p.terminationHandler = { _ in pids[slot].store(-1, ordering: .releasing) }
+        let prior = p.terminationHandler
+        p.terminationHandler = { done in
+            pids[slot].store(-1, ordering: .releasing)
+            prior?(done)
+        }
         try p.run()
         _ = pids[slot].compareExchange(expected: 0, desired: p.processIdentifier, ordering: .acquiringAndReleasing)
     }
@@ -104,7 +109,10 @@ public enum Children {
     static let claimed = Atomic<Int>(0)
 
     /// SIGKILL to every child still running (an interrupted run's figures are
-    /// gone anyway), then the bench ends by that signal. A handler, not an
+    /// gone anyway), then the bench ends by that signal. Safe in a handler:
+    /// once initialised here, reading a static is one acquire load (the
+    /// runtime's swift_once fast path on Linux), and kill, signal and raise
+    /// are async-signal-safe. A handler, not an
     /// ignored signal with a Dispatch source: an ignored signal would stay
     /// ignored in every child started after it. Installed from `run`, after
     /// the table and count exist: the handler must not be the first to touch

@@ -240,12 +240,12 @@ final class RouterHarness: @unchecked Sendable {
         p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent(executable)
         // Below the ephemeral range (32768 and up), where outgoing connections take their ports.
         let port = 20000 + Int.random(in: 0..<12000)
-        var env = ProcessInfo.processInfo.environment
+        let outer = ProcessInfo.processInfo.environment
+        var env = outer
         env["AMQP_URL"] = "amqp://guest:guest@\(url.host):\(url.port)/\(vhost)"
         env["FRONTDESK_ROUTES"] = tableFile
         env["FRONTDESK_HTTP_PORT"] = "\(port)"
         // With FRONTDESK_TEST_LOG_DIR: FRONTDESK_TEST_LOG_LEVEL, debug unless set.
-        let outer = ProcessInfo.processInfo.environment
         env["FRONTDESK_LOG_LEVEL"] = outer["FRONTDESK_TEST_LOG_DIR"] == nil ? "warning" : outer["FRONTDESK_TEST_LOG_LEVEL"] ?? "debug"
         for (k, v) in extraEnvironment { env[k] = v }
         p.environment = env
