@@ -36,9 +36,9 @@ python3 Tests/Terminal/dispatch_tty_test.py
 # frontdesk-pusher against an HTTP/2 APNs stand-in over TLS.
 python3 Tests/Pusher/pusher_test.py
 # On a local 3-node cluster: kill -9 a node mid-run, bring it back, kill another.
-python3 Tests/Cluster/cluster_test.py --dispatches 900 --rate 30
+FRONTDESK_TEST_LOG_LEVEL=info python3 Tests/Cluster/cluster_test.py --dispatches 900 --rate 30
 # The same with the sender split into 4 partitions, growing from 1 to 2 to 4 replicas mid-run.
-python3 Tests/Cluster/cluster_test.py --dispatches 900 --rate 30 --partitions 4 --senders 1,2,4
+FRONTDESK_TEST_LOG_LEVEL=info python3 Tests/Cluster/cluster_test.py --dispatches 900 --rate 30 --partitions 4 --senders 1,2,4
 # Short versions of the evidence runs (the full ones: README, Reliability).
 python3 scripts/evidence/fuzz.py --count 1000 --timeout 120
 python3 scripts/evidence/chaos.py --dispatches 1000 --rate 100 --timeout 240

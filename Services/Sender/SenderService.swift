@@ -241,6 +241,7 @@ final class SenderService: Service {
             }
             state.withLock { s in
                 s.connections[k] = nil
+                s.trying[k] = nil  // a slot between terms tries for nothing
                 if shared == nil { s.ready = false }
             }
             let roundFailed = failures > 0 && failures % nodes.count == 0
@@ -356,9 +357,12 @@ final class SenderService: Service {
                     continue
                 }
             }
+            // A try that does not lead, however it ends (opening the channel
+            // can throw too), is no longer counted: a stale one would count as
+            // a partition led, and the replica would never try again.
+            defer { if shared != nil, leadership == nil { _ = state.withLock { $0.trying.removeValue(forKey: k) } } }
             let channel = try await connection.openChannel()
             do {
-                defer { if shared != nil, leadership == nil { _ = state.withLock { $0.trying.removeValue(forKey: k) } } }
                 try await channel.queueDeclare(SenderTopology.lock(k), durable: false, exclusive: true, autoDelete: false)
                 leadership = try await channel.consume(queue: SenderTopology.lock(k), exclusive: true)
             } catch let error as AMQPError where error.replyCode == 405 {

@@ -164,6 +164,40 @@ def chaos(vhost, begin, kills, first_at, gap, url, status, down_result):
     kills.append(("third back", node, None, round(time.time() - begin, 1)))
 
 
+def dump_status_log(url, ids, path):
+    """What the status log stream says of `ids` (a failure's dispatches), written
+    to `path` and returned as lines: each entry's type, message id and, for a
+    status event, seq and state. Tells whether a lost or repeated event was in
+    the log a new sender leader reads."""
+    wanted, lines = set(ids), []
+    try:
+        connection = harness.connect(url)
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1000)
+        for method, properties, body in channel.consume("frontdesk.status.log", arguments={"x-stream-offset": "first"},
+                                                        inactivity_timeout=3):
+            if method is None:
+                break
+            channel.basic_ack(method.delivery_tag)
+            mid = properties.message_id or ""
+            seq = state = None
+            try:
+                event = json.loads(body)
+                dispatch = event.get("dispatchId") if isinstance(event, dict) else None
+                if dispatch in wanted:
+                    seq, state = event.get("seq"), event.get("state")
+            except ValueError:
+                dispatch = None
+            if dispatch in wanted or mid.split("/")[0] in wanted or (properties.correlation_id or "") in wanted:
+                lines.append(f"{mid} type={properties.type} user={properties.user_id} rk={method.routing_key} seq={seq} state={state}")
+        connection.close()
+    except (pika.exceptions.AMQPError, OSError) as e:
+        lines.append(f"(reading the status log failed: {e})")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dispatches", type=int, default=900)
@@ -259,6 +293,10 @@ def main():
               f"{late[:3] if late else ''}")
         for p in problems[:10]:
             print("  " + p)
+        if problems:
+            bad = [p.split(":", 1)[0] for p in problems[:10]]
+            for line in dump_status_log(vhost.url, bad, os.path.join(logs, "status-log.txt"))[:60]:
+                print("  log: " + line)
         print("cluster: with the lock's node kept down, a dispatch sent after the kill replied "
               + (f"{down_result[0]} s after the kill" if down_result else "NOT within 40 s"))
         failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 6 + len(steps) - 1 or not down_result \

@@ -54,8 +54,9 @@ class Service:
         self.starts = 0
 
     def start(self):
+        # FRONTDESK_TEST_LOG_LEVEL: the services' level (warning unless set; CI keeps info).
         env = dict(os.environ, AMQP_URL=self.url, FRONTDESK_HTTP_PORT=str(self.port), FRONTDESK_ROUTES=ROUTES,
-                   FRONTDESK_LOG_LEVEL="warning", **self.extra_env)
+                   FRONTDESK_LOG_LEVEL=os.environ.get("FRONTDESK_TEST_LOG_LEVEL", "warning"), **self.extra_env)
         log = open(os.path.join(self.log_dir, f"{self.executable}-{self.port}.log"), "ab")
         self.process = subprocess.Popen([os.path.join(BIN, self.executable)], env=env, stdout=log, stderr=log)
         self.starts += 1
@@ -185,10 +186,10 @@ def check_histories(snapshot, ids, late=None):
         terminals = [(seq, state) for seq, state in distinct if state in ("replied", "failed", "cancelled")]
         if not terminals:
             tallies["lost"] += 1
-            problems.append(f"{i}: no terminal state (saw {[s for _, s in distinct]})")
+            problems.append(f"{i}: no terminal state (saw {distinct})")
             continue
         if len({state for _, state in terminals}) > 1 or len(terminals) > 1:
-            problems.append(f"{i}: {len(terminals)} terminal events {terminals}")
+            problems.append(f"{i}: {len(terminals)} terminal events {terminals}; all: {distinct}")
         tallies[terminals[0][1]] += 1
         last_seq = terminals[-1][0]
         after = [(seq, state) for seq, state in distinct if seq > last_seq]
