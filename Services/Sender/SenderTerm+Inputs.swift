@@ -79,6 +79,12 @@ extension SenderTerm {
                 lastExpirySweep = now
                 try await expireWaiting(now: now)
             }
+            if let waited = settler.overdueWindow(after: Self.lateConfirmWarning) {
+                // Nothing after it is acked meanwhile; the AMQP layer's confirm timeout ends the term.
+                logger.warning("a publish window waits for its confirms", [
+                    ("waited_ms", .int(Int(waited / .milliseconds(1)))), ("partition", .int(partition)),
+                ])
+            }
             if !heldReplies.isEmpty { placeHeldReplies(now: now) }
             if !recentCommands.isEmpty { try await lookAgainAtRecentCommands(now: now) }
         case .presence(let snapshot):
@@ -436,6 +442,8 @@ extension SenderTerm {
     static let recentCommandWindow: TimeInterval = 10
     static let passedOnCommandWindow: TimeInterval = 60
     static let maxRecentCommands = 1000
+    /// A publish window unconfirmed this long is reported (once): its term has stalled behind it.
+    static let lateConfirmWarning = Duration.seconds(5)
 
     func lookAgainAtRecentCommands(now: Date) async throws {
         let recent = recentCommands.filter {

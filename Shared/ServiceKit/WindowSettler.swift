@@ -13,7 +13,7 @@ public final class WindowSettler: Sendable {
     public static let maxInFlight = 4
 
     private let order = InOrderSettlement()
-    private let state = Mutex<(inFlight: Int, failure: (any Error)?)>((0, nil))
+    private let state = Mutex<(inFlight: Int, failure: (any Error)?, waits: ConfirmWait)>((0, nil, ConfirmWait()))
     private let failed: @Sendable () -> Void
 
     public init(failed: @escaping @Sendable () -> Void) { self.failed = failed }
@@ -27,6 +27,7 @@ public final class WindowSettler: Sendable {
         let number = order.issue()
         let inFlight = state.withLock { s -> Int in
             s.inFlight += 1
+            s.waits.published(at: .now)
             return s.inFlight
         }
         publisher.publishWithoutWaiting(messages) { [self] outcome in
@@ -36,7 +37,12 @@ public final class WindowSettler: Sendable {
     }
 
     private func settle(_ outcome: Result<PublishConfirms.Results, any Error>, acks: [AMQPDelivery], confirmed: (@Sendable () -> Void)?) {
-        defer { state.withLock { $0.inFlight -= 1 } }
+        defer {
+            state.withLock { s in
+                s.inFlight -= 1
+                s.waits.settledOldest()
+            }
+        }
         guard state.withLock({ $0.failure == nil }) else { return }
         do {
             for result in try outcome.get() { try result.get() }
@@ -52,6 +58,13 @@ public final class WindowSettler: Sendable {
     public func settled() async throws {
         await order.idle()
         try check()
+    }
+
+    /// How long the oldest window in flight has waited for its confirms, once
+    /// per window, when that is at least `after` (a caller's warning: every
+    /// later window's acks wait behind it).
+    public func overdueWindow(after: Duration) -> Duration? {
+        state.withLock { $0.waits.overdue(after: after, now: .now) }
     }
 
     /// Throws the failure that stopped settling, if any.
