@@ -362,11 +362,17 @@ final class SenderService: Service {
             // a partition led, and the replica would never try again.
             defer { if shared != nil, leadership == nil { _ = state.withLock { $0.trying.removeValue(forKey: k) } } }
             let channel = try await connection.openChannel()
+            var heldElsewhere = false
             do {
                 try await channel.queueDeclare(SenderTopology.lock(k), durable: false, exclusive: true, autoDelete: false)
                 leadership = try await channel.consume(queue: SenderTopology.lock(k), exclusive: true)
             } catch let error as AMQPError where error.replyCode == 405 {
                 // RESOURCE_LOCKED: another sender holds it (the broker closed this channel).
+                heldElsewhere = true
+            }
+            if heldElsewhere {
+                // Not counted as a try while it waits: the replica's other slots may try meanwhile.
+                if shared != nil { _ = state.withLock { $0.trying.removeValue(forKey: k) } }
                 try await Task.sleep(for: Self.standbyPoll)
             }
         }

@@ -79,12 +79,6 @@ extension SenderTerm {
                 lastExpirySweep = now
                 try await expireWaiting(now: now)
             }
-            if let waited = settler.overdueWindow(after: Self.lateConfirmWarning) {
-                // Nothing after it is acked meanwhile; the AMQP layer's confirm timeout ends the term.
-                logger.warning("a publish window waits for its confirms", [
-                    ("waited_ms", .int(Int(waited / .milliseconds(1)))), ("partition", .int(partition)),
-                ])
-            }
             if !heldReplies.isEmpty { placeHeldReplies(now: now) }
             if !recentCommands.isEmpty { try await lookAgainAtRecentCommands(now: now) }
         case .presence(let snapshot):
