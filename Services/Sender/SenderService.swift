@@ -241,7 +241,6 @@ final class SenderService: Service {
             }
             state.withLock { s in
                 s.connections[k] = nil
-                s.trying[k] = nil  // a slot between terms tries for nothing
                 if shared == nil { s.ready = false }
             }
             let roundFailed = failures > 0 && failures % nodes.count == 0

@@ -436,8 +436,6 @@ extension SenderTerm {
     static let recentCommandWindow: TimeInterval = 10
     static let passedOnCommandWindow: TimeInterval = 60
     static let maxRecentCommands = 1000
-    /// A publish window unconfirmed this long is reported (once): its term has stalled behind it.
-    static let lateConfirmWarning = Duration.seconds(5)
 
     func lookAgainAtRecentCommands(now: Date) async throws {
         let recent = recentCommands.filter {

@@ -83,6 +83,8 @@ final class SenderTerm {
     /// How often due timers are looked for: reply timeouts and expiry fire
     /// at most this late (the contract allows 5 s for expiry).
     static let tickInterval = Duration.milliseconds(100)
+    /// A publish window unconfirmed this long is reported (once): its term has stalled behind it.
+    static let lateConfirmWarning = Duration.seconds(5)
 
     let connection: AMQPConnection
     let publisher: AMQPChannel
