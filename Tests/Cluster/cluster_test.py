@@ -138,10 +138,9 @@ def chaos(vhost, begin, kills, first_at, gap, url, status, down_result):
         time.sleep(gap)
     # A node lost for good: RabbitMQ keeps its consumers as "suspected down",
     # so nothing may wait for them (the sender's leadership once did).
-    # First the node brought back last gets time to catch up: killed 2.8 s
-    # after that restart, RabbitMQ 3.10 once took 42 s to give the streams a
-    # writer again (the router's decision records were nacked meanwhile; the
-    # services retried and lost nothing, but the probe below waits only 40 s).
+    # First the node brought back last gets time to catch up. (The router's
+    # publishes were once nacked for 42 s after a kill 2.8 s after a restart;
+    # with this wait it happened again once: the cause is still open.)
     time.sleep(SETTLE_BEFORE_LOSS)
     node = lock_node(vhost) or 1
     cluster("kill", str(node))
