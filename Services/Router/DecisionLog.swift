@@ -146,7 +146,9 @@ final class DecisionLog: Sendable {
         let messages = zip(tokens, records).map { token, r in
             OutboundMessage(
                 exchange: "", routingKey: RouterTopology.decisionLog, body: r.body,
-                properties: .persistentJSON(messageID: token, correlationID: r.record.id, type: "frontdesk.router.decision.v1").stamped(by: login))
+                properties: .persistentJSON(messageID: token, correlationID: r.record.id, type: "frontdesk.router.decision.v1").stamped(by: login),
+                // A repeat reads back as a later record of its id: the first wins.
+                repeatable: true)
         }
         // A record read back is in the log (a stream gives its readers only
         // what it stored), so the read-back is what an append waits for; a

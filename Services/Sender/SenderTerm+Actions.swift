@@ -33,7 +33,11 @@ extension SenderTerm {
             case .publish(let event):
                 messages.append(OutboundMessage(
                     exchange: SharedTopology.statusExchange, routingKey: event.routingKey, body: event.jsonData(),
-                    properties: .persistentJSON(messageID: event.messageID, correlationID: id, type: StatusEvent.type)))
+                    properties: .persistentJSON(messageID: event.messageID, correlationID: id, type: StatusEvent.type),
+                    // Surfaces and the status log drop a repeated seq: lost
+                    // by the stream at a leader change, it must not stall
+                    // the term (the next leader would deliver again).
+                    repeatable: true))
                 metrics.events.increment(event.state.rawValue)
                 if event.state == .queued, event.queue?.reason == "retry_wait" { metrics.retries.increment("retry_wait") }
                 if event.state == .replied { repliedStartedAt = event.startedAt }
@@ -129,7 +133,8 @@ extension SenderTerm {
         var headers: FieldTable = [StatusLog.routeHeader: .string("\(route.project).\(route.target)"), StatusLog.writerHeader: .int64(Int64(partition))]
         if let expiresAt { headers[StatusLog.expiresAtHeader] = .int64(Int64(expiresAt)) }
         properties.headers = headers
-        return OutboundMessage(exchange: "", routingKey: SenderTopology.statusLog, body: body, properties: properties.stamped(by: login))
+        // A repeated record (same copy seq) changes nothing.
+        return OutboundMessage(exchange: "", routingKey: SenderTopology.statusLog, body: body, properties: properties.stamped(by: login), repeatable: true)
     }
 }
 

@@ -416,7 +416,8 @@ extension SenderTerm {
         replyMarker = (marker, now)
         pendingMessages.append(OutboundMessage(
             exchange: "", routingKey: SenderTopology.statusLog, body: Data(),
-            properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: login)))
+            properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: login),
+            repeatable: true))  // a marker read twice is ignored the second time
         // (Not kept: the term's end gives the marker up, which ends the wait.)
         Task { [feed, statusLog] in
             let read = await statusLog.waitFor(marker: marker)

@@ -203,8 +203,8 @@ final class SenderTerm {
         forwarders.append(Task(executorPreference: connection.executor) { [feed, routes] in
             await SenderTerm.pollPresence(channel: presenceChannel, routes: routes, feed: feed)
         })
-        forwarders.append(Task(executorPreference: connection.executor) { [feed, settler, logger, partition] in
-            await SenderTerm.tick(feed, settler: settler, logger: logger, partition: partition)
+        forwarders.append(Task(executorPreference: connection.executor) { [feed, settler, logger, partition, connection] in
+            await SenderTerm.tick(feed, settler: settler, connection: connection, logger: logger, partition: partition)
         })
         defer {
             if let pending = replyMarker { statusLog.giveUp(marker: pending.marker) }
@@ -281,14 +281,17 @@ final class SenderTerm {
     /// Feeds a `.tick` every `tickInterval`; and reports a publish window
     /// overdue for its confirms — from here, not from the term's loop, which
     /// may itself be waiting for that window.
-    static func tick(_ feed: BatchQueue<Input>, settler: WindowSettler, logger: Logger, partition: Int) async {
+    static func tick(_ feed: BatchQueue<Input>, settler: WindowSettler, connection: AMQPConnection, logger: Logger, partition: Int) async {
         while !Task.isCancelled {
             try? await Task.sleep(for: tickInterval)
             feed.yield(.tick)
             if let waited = settler.overdueWindow(after: lateConfirmWarning) {
-                // Nothing after it is acked meanwhile; the AMQP layer's confirm timeout ends the term.
+                // Nothing after it is acked meanwhile. Its status events and
+                // log records are published again (repeatable); should their
+                // copies go unconfirmed too, the confirm timeout ends the term.
                 logger.warning("a publish window waits for its confirms", [
                     ("waited_ms", .int(Int(waited / .milliseconds(1)))), ("partition", .int(partition)),
+                    ("republished_total", .int(connection.republishedMessages)),
                 ])
             }
         }

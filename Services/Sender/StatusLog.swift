@@ -341,9 +341,11 @@ final class StatusLog: Sendable {
         let terminal = ["replied", "failed", "cancelled"].contains(stateName)
         let partition = partitionPlusOne(routingKey: routingKey)
         update(id) { e in
+            // A repeated event may come after later ones (published again
+            // when its confirm was overdue): only the latest says where it is.
+            if partition != 0, Int32(clamping: seq) >= e.lastSeq { e.partitionPlusOne = partition }
             e.lastSeq = max(e.lastSeq, Int32(clamping: seq))
             e.terminal = e.terminal || terminal
-            if partition != 0 { e.partitionPlusOne = partition }
         }
         if terminal { state.withLock { s in s.stopWaiting(id) } }
     }

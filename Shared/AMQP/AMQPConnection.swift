@@ -78,4 +78,8 @@ public final class AMQPConnection: Sendable {
 
     /// Why the broker currently blocks publishing (connection.blocked), if it does.
     public var blockedReason: String? { core.blockedReason }
+
+    /// How many repeatable messages this connection published again because
+    /// their confirms were overdue (`OutboundMessage.repeatable`).
+    public var republishedMessages: Int { core.republishedCount }
 }

@@ -30,16 +30,21 @@ public struct AMQPConnectionConfiguration: Sendable, CustomStringConvertible {
     /// How long a published message may wait for its confirm before the
     /// publish fails with `.timeout`.
     public var confirmTimeoutMs: Int
+    /// How long a repeatable message (`OutboundMessage.repeatable`) waits for
+    /// its confirm before it is published once more; its copy then has
+    /// `confirmTimeoutMs` of its own.
+    public var republishAfterMs: Int
 
     public init(
         url: AMQPURL, tls: TLS = TLS(), connectionName: String, rpcTimeoutMs: Int = 30_000,
-        confirmTimeoutMs: Int = 30_000
+        confirmTimeoutMs: Int = 30_000, republishAfterMs: Int = 5_000
     ) {
         self.url = url
         self.tls = tls
         self.connectionName = connectionName
         self.rpcTimeoutMs = rpcTimeoutMs
         self.confirmTimeoutMs = confirmTimeoutMs
+        self.republishAfterMs = republishAfterMs
     }
 
     /// Every node: `url` first, then the alternates.

@@ -60,16 +60,24 @@ public struct OutboundMessage: Sendable {
     public var properties: AMQPProperties
     /// Ask the broker to return the message (an error for the publisher) when no queue takes it.
     public var mandatory: Bool
+    /// Its queues may take it twice (their readers drop a repeat): should
+    /// its confirm be overdue (`AMQPConnectionConfiguration.republishAfterMs`),
+    /// the connection publishes it once more, and the first confirm of
+    /// either copy counts. A broker that loses a message at a queue leader's
+    /// change (RabbitMQ's streams can) neither confirms nor nacks it.
+    /// Ignored for a mandatory message.
+    public var repeatable: Bool
 
     public init(
         exchange: String, routingKey: String, body: Data,
-        properties: AMQPProperties = AMQPProperties(), mandatory: Bool = false
+        properties: AMQPProperties = AMQPProperties(), mandatory: Bool = false, repeatable: Bool = false
     ) {
         self.exchange = exchange
         self.routingKey = routingKey
         self.body = body
         self.properties = properties
         self.mandatory = mandatory
+        self.repeatable = repeatable
     }
 }
 

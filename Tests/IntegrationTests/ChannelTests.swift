@@ -243,6 +243,42 @@ extension BrokerIntegration {
             await connection.close()
         }
 
+        /// With `republishAfterMs` 0 every repeatable message still waiting at
+        /// a confirm sweep is published again: each copy reaches the queue,
+        /// and each message's result is one success.
+        @Test func overdueRepeatableMessagesArePublishedAgainAndSettleOnce() async throws {
+            var configuration = TestBroker.configuration("republish")
+            configuration.republishAfterMs = 0
+            let connection = try await AMQPConnection.connect(configuration)
+            defer { Task { await connection.close() } }
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("republish")
+            try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+            try await channel.confirmSelect()
+            var published = 0
+            try await waitUntil("some messages were published again", within: .seconds(20)) {
+                let window = (0..<50).map { i in
+                    OutboundMessage(exchange: "", routingKey: queue, body: Data("\(published + i)".utf8), repeatable: true)
+                }
+                let results = try await channel.publish(window)
+                #expect(results.allSatisfy { if case .success = $0 { true } else { false } })
+                published += window.count
+                return connection.republishedMessages > 0
+            }
+            // Every copy is confirmed or settled by the time its batch is.
+            try await waitUntil("the queue holds each message and each copy") {
+                try await channel.queueDeclare(queue, passive: true).messageCount == UInt32(published + connection.republishedMessages)
+            }
+            var seen = Set<String>()
+            var iterator = try await channel.consume(queue: queue, noAck: true).makeAsyncIterator()
+            for _ in 0..<(published + connection.republishedMessages) {
+                let got = try #require(try await iterator.next())
+                seen.insert(String(decoding: got.body, as: UTF8.self))
+            }
+            #expect(seen == Set((0..<published).map(String.init)))
+            try await channel.queueDelete(queue)
+        }
+
         @Test func aBlockedBrokerFailsPublishesWithATypedError() async throws {
             var configuration = TestBroker.configuration("blocked")
             configuration.confirmTimeoutMs = 1500

@@ -15,8 +15,12 @@ final class PublishBatch {
     private var first: Result<Void, AMQPError>?
     private var rest: [Result<Void, AMQPError>?]
     private var remaining: Int
-    /// What was published: a basic.return is matched against these.
+    /// What was published, when a basic.return is to be matched against
+    /// it or a message may be published again.
     var messages: [OutboundMessage] = []
+    /// This batch is a copy of another's message (its result is that
+    /// message's): it is not published again.
+    var isCopy = false
     /// Called once, on the connection thread, with every result or the error.
     let complete: (Result<[Result<Void, AMQPError>], Error>) -> Void
 
@@ -24,6 +28,16 @@ final class PublishBatch {
         rest = count > 1 ? Array(repeating: nil, count: count - 1) : []
         remaining = count
         self.complete = complete
+    }
+
+    /// A batch for publishing message `index` of `batch` again: its result
+    /// is that message's (unless the first copy's came first).
+    static func copy(of batch: PublishBatch, _ index: Int) -> PublishBatch {
+        let copy = PublishBatch(count: 1) { outcome in
+            if case .success(let results) = outcome, let result = results.first { batch.resolve(index, result) }
+        }
+        copy.isCopy = true
+        return copy
     }
 
     /// Message `index`'s result; the first for each index counts.
@@ -53,6 +67,15 @@ struct PendingPublish {
     /// slot of the ring stays small).
     var returned: (code: UInt16, text: String)?
     let publishedAt: ContinuousClock.Instant
+    /// Published again (`OutboundMessage.repeatable`): the copy's confirm
+    /// decides. This one's ack still counts, its nack or timeout does not.
+    var superseded = false
+
+    init(batch: PublishBatch, index: Int, publishedAt: ContinuousClock.Instant) {
+        self.batch = batch
+        self.index = index
+        self.publishedAt = publishedAt
+    }
 }
 
 /// The publishes of a channel that wait for their confirms, by sequence
@@ -182,7 +205,9 @@ final class ChannelState {
         guard lower <= upper else { return }
         for seq in lower...upper {
             guard let p = pending.remove(seq) else { continue }
-            if let r = p.returned {
+            if p.superseded {
+                if ack { p.batch.resolve(p.index, .success(())) }
+            } else if let r = p.returned {
                 p.batch.resolve(p.index, .failure(AMQPError(
                     .returned, "the broker returned the message: \(AMQPError.replyName(r.code)) \(r.text)",
                     replyCode: r.code)))
@@ -202,9 +227,32 @@ final class ChannelState {
             guard let p = pending[seq] else { return }  // cannot be: the lowest always waits
             guard now - p.publishedAt >= timeout else { return }
             _ = pending.remove(seq)
+            guard !p.superseded else { continue }
             p.batch.resolve(p.index, .failure(AMQPError(
                 .timeout, "no publisher confirm within \(timeout); the broker may be blocked or overloaded")))
         }
+    }
+
+    /// The repeatable messages that have waited `after` for their confirm
+    /// and were not published again yet, oldest first, marked superseded:
+    /// the caller publishes each once more, its result going to the same
+    /// batch and index.
+    func supersedeOverdue(after: Duration, now: ContinuousClock.Instant) -> [(batch: PublishBatch, index: Int)] {
+        var overdue: [(batch: PublishBatch, index: Int)] = []
+        var seq = pending.lowest
+        // Published in sequence order, so the first one young enough ends the search.
+        while seq < pending.next {
+            defer { seq += 1 }
+            guard var p = pending[seq] else { continue }
+            guard now - p.publishedAt >= after else { break }
+            guard !p.superseded, !p.batch.isCopy, p.returned == nil, p.batch.messages.indices.contains(p.index) else { continue }
+            let m = p.batch.messages[p.index]
+            guard m.repeatable, !m.mandatory else { continue }
+            p.superseded = true
+            pending.update(seq, p)
+            overdue.append((p.batch, p.index))
+        }
+        return overdue
     }
 
     /// Marks the earliest waiting mandatory publish that matches a basic.return.

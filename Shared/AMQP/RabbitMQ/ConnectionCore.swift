@@ -25,6 +25,11 @@ final class ConnectionCore: Sendable {
     private let state = Mutex(State())
     private let wakeFD: Int32
     let name: String
+    private let republished = Atomic<Int>(0)
+
+    /// Messages published again because their confirms were overdue.
+    var republishedCount: Int { republished.load(ordering: .relaxed) }
+    func noteRepublished() { republished.add(1, ordering: .relaxed) }
 
     init(name: String) {
         self.name = name

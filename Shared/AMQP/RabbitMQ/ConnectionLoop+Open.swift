@@ -38,7 +38,8 @@ extension ConnectionLoop {
             }
             return ConnectionLoop(
                 core: core, conn: conn, heartbeatSeconds: Int(amqp_get_heartbeat(conn)),
-                confirmTimeout: .milliseconds(configuration.confirmTimeoutMs), writesWindows: !configuration.url.tls)
+                confirmTimeout: .milliseconds(configuration.confirmTimeoutMs),
+                republishAfter: .milliseconds(configuration.republishAfterMs), writesWindows: !configuration.url.tls)
         } catch {
             amqp_destroy_connection(conn)
             throw error

@@ -98,7 +98,7 @@ extension ConnectionLoop {
             return
         }
         // Kept for matching a basic.return, which only a mandatory publish gets.
-        if messages.contains(where: \.mandatory) { batch.messages = messages }
+        if messages.contains(where: { $0.mandatory || $0.repeatable }) { batch.messages = messages }
         if writesWindows {
             let arena = publishArena
             defer { arena.reset() }

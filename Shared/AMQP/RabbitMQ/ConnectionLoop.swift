@@ -33,12 +33,18 @@ final class ConnectionLoop {
     static let outputFlushBytes = 256 * 1024
 
     let confirmTimeout: Duration
+    /// When a repeatable message still waiting for its confirm is published again.
+    let republishAfter: Duration
     private var lastConfirmSweep = ContinuousClock.now
 
-    init(core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int, confirmTimeout: Duration, writesWindows: Bool) {
+    init(
+        core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int, confirmTimeout: Duration,
+        republishAfter: Duration, writesWindows: Bool
+    ) {
         self.core = core
         self.writesWindows = writesWindows
         self.confirmTimeout = confirmTimeout
+        self.republishAfter = republishAfter
         self.conn = conn
         self.heartbeatSeconds = heartbeatSeconds
         let max = Int(amqp_get_channel_max(conn))
@@ -120,6 +126,13 @@ final class ConnectionLoop {
         lastConfirmSweep = now
         for ch in channels.values where !ch.pending.isEmpty {
             ch.expireConfirms(olderThan: confirmTimeout, now: now)
+            // Published again only while the broker takes publishes: a
+            // blocked connection would fail the copy, and so its message.
+            guard core.blockedReason == nil, ch.closedError == nil else { continue }
+            for (batch, index) in ch.supersedeOverdue(after: republishAfter, now: now) {
+                publish(ch, [batch.messages[index]], batch: .copy(of: batch, index))
+                core.noteRepublished()
+            }
         }
     }
 
