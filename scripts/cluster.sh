@@ -11,6 +11,7 @@
 #   scripts/cluster.sh status       exit 0 while all three run
 #   scripts/cluster.sh env          print AMQP_URL with every node's address
 #   scripts/cluster.sh ctl NODE ... rabbitmqctl against one node
+#   scripts/cluster.sh streams NODE ... rabbitmq-streams against one node (e.g. stream_status -p VHOST NAME)
 #   scripts/cluster.sh wipe         stop, and remove the data folders
 #
 # Ports: AMQP 5691–5693, Erlang distribution 25691–25693.
@@ -24,6 +25,14 @@ name() { echo "frontdesk-c$1@localhost"; }
 port() { echo $((5690 + $1)); }
 ctl() { local n=$1; shift; RABBITMQ_NODENAME="$(name "$n")" rabbitmqctl -n "$(name "$n")" "$@"; }
 running() { ctl "$1" status >/dev/null 2>&1; }
+# Debian installs no /usr/sbin wrapper for rabbitmq-streams: the generic one
+# runs the tool its link is named after, as the rabbitmq user.
+streams() {
+  local n=$1; shift
+  mkdir -p "$BASE/bin"
+  ln -sf /usr/lib/rabbitmq/bin/rabbitmq-script-wrapper "$BASE/bin/rabbitmq-streams"
+  RABBITMQ_NODENAME="$(name "$n")" "$BASE/bin/rabbitmq-streams" -n "$(name "$n")" "$@"
+}
 
 write_config() {
   local n=$1 dir="$BASE/node$1"
@@ -119,6 +128,7 @@ case "${1:-}" in
   status) for n in "${NODES[@]}"; do running "$n" || exit 1; done ;;
   env) echo "export AMQP_URL=$(printf 'amqp://guest:guest@127.0.0.1:%s/%%2f,' 5691 5692 5693 | sed 's/,$//')" ;;
   ctl) n=${2:-}; shift 2; ctl "$n" "$@" ;;
+  streams) n=${2:-}; shift 2; streams "$n" "$@" ;;
   wipe) stop; rm -rf "$BASE" ;;
-  *) echo "usage: $0 start|stop|kill NODE|status|env|ctl NODE ARGS|wipe" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|kill NODE|status|env|ctl NODE ARGS|streams NODE ARGS|wipe" >&2; exit 2 ;;
 esac

@@ -134,12 +134,15 @@ struct RouterService: Service {
         }
         // The confirms arrive on the connection thread, which settles the
         // batch there when nothing has to be handed back.
-        let settle: @Sendable (Result<PublishConfirms.Results, any Error>) -> Void = { [owners] outcome in
+        let settle: @Sendable (Result<PublishConfirms.Results, any Error>) -> Void = { [owners, messages] outcome in
             var failed: [Int: any Error] = [:]
             switch outcome {
             case .success(let results):
-                for (owner, result) in zip(owners, results) {
-                    if case .failure(let error) = result { failed[owner] = error }
+                for (j, (owner, result)) in zip(owners, results).enumerated() {
+                    // Which of its messages failed: a nack names no queue.
+                    if case .failure(let error) = result, failed[owner] == nil {
+                        failed[owner] = FailedPublish(error: error, exchange: messages[j].exchange, routingKey: messages[j].routingKey)
+                    }
                 }
             case .failure(let error):
                 for owner in owners { failed[owner] = error }
@@ -151,6 +154,14 @@ struct RouterService: Service {
         } catch {
             settle(.failure(error))
         }
+    }
+
+    /// A message of a window that failed, for the log: which one it was.
+    struct FailedPublish: Error, CustomStringConvertible {
+        let error: AMQPError
+        let exchange: String
+        let routingKey: String
+        var description: String { "\(error) (publishing to exchange '\(exchange)' with key '\(routingKey)')" }
     }
 
     /// Acks (or hands back) a batch's deliveries once its confirms are in:

@@ -213,7 +213,8 @@ final class StatusLog: Sendable {
             }
             e.copySeq = seq
             e.copyWriterPlusOne = writerPlusOne
-            if partition != 0 { e.partitionPlusOne = partition }
+            // As for events (`note`): a record repeated after later events does not say where it is.
+            if partition != 0, seq >= e.lastSeq { e.partitionPlusOne = partition }
             s.entries[id] = e
             s.waiting[id] = body
             if let t = s.tentative[id], t.copySeq <= seq { s.tentative[id] = nil }

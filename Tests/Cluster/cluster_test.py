@@ -120,7 +120,25 @@ def lock_node(vhost):
     return None
 
 
-def chaos(vhost, begin, kills, first_at, gap, url, status, down_result):
+def queue_snapshot(vhost, nodes):
+    """Each queue's type, leader, members and online members, and the streams'
+    writers and offsets, as one of `nodes` says: for a takeover that is slow."""
+    lines = [f"queues and streams at {time.strftime('%H:%M:%S')}"]
+    for n in nodes:
+        out = subprocess.run(["bash", CLUSTER, "ctl", str(n), "list_queues", "-p", vhost, "name", "type", "leader",
+                              "members", "online", "messages", "--silent"], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            continue
+        lines += out.stdout.splitlines()
+        for stream in ("frontdesk.status.log", "frontdesk.router.decisions", "frontdesk.sender.commands"):
+            st = subprocess.run(["bash", CLUSTER, "streams", str(n), "stream_status", "-p", vhost, stream,
+                                 "--formatter", "json", "--silent"], capture_output=True, text=True, timeout=60)
+            lines.append(f"{stream}: {(st.stdout or st.stderr).strip()}")
+        break
+    return lines
+
+
+def chaos(vhost, begin, kills, first_at, gap, url, status, down_result, snapshot):
     """Kill -9 the node with the most of the run's connections, bring it back,
     then another; then kill the node that holds the sender's leadership lock
     and keep it down until a dispatch sent after the kill has replied."""
@@ -160,11 +178,16 @@ def chaos(vhost, begin, kills, first_at, gap, url, status, down_result):
             break
         except (pika.exceptions.AMQPError, OSError):
             time.sleep(0.5)
+    snapshot_at = killed_at + 20
     while time.time() < deadline:
         history = status.snapshot().get(probe, [])
         if any(state == "replied" for _, state, _, _ in history):
             down_result.append(round(time.time() - killed_at, 1))
             break
+        if snapshot_at and time.time() >= snapshot_at:
+            # Slow: what the broker says of the vhost's queues while the node is still down.
+            snapshot_at = None
+            snapshot.extend(queue_snapshot(vhost, [n for n in (1, 2, 3) if n != node]))
         time.sleep(0.2)
     cluster("start")
     kills.append(("third back", node, None, round(time.time() - begin, 1)))
@@ -238,9 +261,10 @@ def main():
         ids = [f"cl-{i}" for i in range(args.dispatches)]
         kills = []
         begin = time.time()
-        down_result = []
+        down_result, snapshot = [], []
         killer = threading.Thread(
-            target=chaos, args=(vhost.name, begin, kills, args.dispatches / args.rate * 0.2, 2, vhost.url, status, down_result),
+            target=chaos,
+            args=(vhost.name, begin, kills, args.dispatches / args.rate * 0.2, 2, vhost.url, status, down_result, snapshot),
             daemon=True)
         killer.start()
         # More sender replicas during the run: at 30% and 55% of it.
@@ -305,6 +329,11 @@ def main():
                 print("  log: " + line)
         print("cluster: with the lock's node kept down, a dispatch sent after the kill replied "
               + (f"{down_result[0]} s after the kill" if down_result else "NOT within 40 s"))
+        if snapshot:
+            with open(os.path.join(logs, "queues.txt"), "w") as f:
+                f.write("\n".join(snapshot) + "\n")
+            for line in snapshot:
+                print("  " + line)
         failed = bool(problems) or tallies["lost"] > 0 or bool(crashed) or len(kills) < 6 + len(steps) - 1 or not down_result \
             or not shared
         print("cluster: " + ("FAIL" if failed else "passed — one terminal state each, none lost, no seq with two states"))

@@ -18,9 +18,18 @@ final class PublishBatch {
     /// What was published, when a basic.return is to be matched against
     /// it or a message may be published again.
     var messages: [OutboundMessage] = []
-    /// This batch is a copy of another's message (its result is that
-    /// message's): it is not published again.
-    var isCopy = false
+    /// Set for a copy (a message published again, `OutboundMessage.repeatable`):
+    /// the publish it copies, whose result its own is.
+    private(set) var original: Original?
+
+    struct Original {
+        let batch: PublishBatch
+        let index: Int
+        let seq: UInt64
+        /// The copy's confirm timeout counts from here: repeatable or not, a
+        /// message fails once its first publish has waited the timeout.
+        let publishedAt: ContinuousClock.Instant
+    }
     /// Called once, on the connection thread, with every result or the error.
     let complete: (Result<[Result<Void, AMQPError>], Error>) -> Void
 
@@ -30,13 +39,16 @@ final class PublishBatch {
         self.complete = complete
     }
 
-    /// A batch for publishing message `index` of `batch` again: its result
-    /// is that message's (unless the first copy's came first).
-    static func copy(of batch: PublishBatch, _ index: Int) -> PublishBatch {
+    /// A batch for publishing `original`'s message again. Its ack is that
+    /// message's; a failure is passed on by `ChannelState` alone, which
+    /// knows whether the original still waits (and then decides).
+    static func copy(of original: Original) -> PublishBatch {
         let copy = PublishBatch(count: 1) { outcome in
-            if case .success(let results) = outcome, let result = results.first { batch.resolve(index, result) }
+            if case .success(let results) = outcome, case .success? = results.first {
+                original.batch.resolve(original.index, .success(()))
+            }
         }
-        copy.isCopy = true
+        copy.original = original
         return copy
     }
 
@@ -67,9 +79,16 @@ struct PendingPublish {
     /// slot of the ring stays small).
     var returned: (code: UInt16, text: String)?
     let publishedAt: ContinuousClock.Instant
-    /// Published again (`OutboundMessage.repeatable`): the copy's confirm
-    /// decides. This one's ack still counts, its nack or timeout does not.
-    var superseded = false
+    /// Whether it was published again (`OutboundMessage.repeatable`).
+    var copy = CopyState.none
+
+    enum CopyState: UInt8 {
+        case none
+        /// Its copy waits and decides: this one's ack still counts, its nack or timeout does not.
+        case waiting
+        /// Its copy failed: this one decides again (and is not copied again).
+        case failed
+    }
 
     init(batch: PublishBatch, index: Int, publishedAt: ContinuousClock.Instant) {
         self.batch = batch
@@ -178,6 +197,11 @@ final class ChannelState {
     var confirming = false
     var pending = PendingWindow()
     var consumers: [String: ConsumerSink] = [:]
+    /// The copies waiting (`republishOverdue`), whose timeouts count from
+    /// their originals' publish and so are looked at apart from the ring's order.
+    private var copies: [UInt64] = []
+    /// Publishes below this were considered for a copy already.
+    private var republishScanned: UInt64 = 1
 
     init(id: UInt16, epoch: UInt64) {
         self.id = id
@@ -188,7 +212,8 @@ final class ChannelState {
     func fail(_ error: AMQPError) {
         guard closedError == nil else { return }
         closedError = error
-        for p in pending.removeAll() { p.batch.resolve(p.index, .failure(error)) }
+        for p in pending.removeAll() { failed(p, error) }
+        copies.removeAll()
         let sinks = consumers.values
         consumers.removeAll()
         for s in sinks { s.finish(error) }
@@ -205,7 +230,7 @@ final class ChannelState {
         guard lower <= upper else { return }
         for seq in lower...upper {
             guard let p = pending.remove(seq) else { continue }
-            if p.superseded {
+            if p.copy == .waiting {
                 if ack { p.batch.resolve(p.index, .success(())) }
             } else if let r = p.returned {
                 p.batch.resolve(p.index, .failure(AMQPError(
@@ -214,45 +239,84 @@ final class ChannelState {
             } else if ack {
                 p.batch.resolve(p.index, .success(()))
             } else {
-                p.batch.resolve(p.index, .failure(AMQPError(.nacked, "the broker nacked the message")))
+                failed(p, AMQPError(.nacked, "the broker nacked the message"))
             }
+        }
+    }
+
+    /// `p`'s publish failed. A copy's failure is its original's, unless the
+    /// original still waits: then the original decides again.
+    private func failed(_ p: PendingPublish, _ error: AMQPError) {
+        guard let original = p.batch.original else {
+            return p.batch.resolve(p.index, .failure(error))
+        }
+        if var o = pending[original.seq], o.copy == .waiting {
+            o.copy = .failed
+            pending.update(original.seq, o)
+        } else {
+            original.batch.resolve(original.index, .failure(error))
         }
     }
 
     /// Fails publishes whose confirm has not come within `timeout` (a
     /// blocked or overloaded broker); a late confirm then changes nothing.
     func expireConfirms(olderThan timeout: Duration, now: ContinuousClock.Instant) {
+        let expired = AMQPError(.timeout, "no publisher confirm within \(timeout); the broker may be blocked or overloaded")
         while !pending.isEmpty {
             let seq = pending.lowest
-            guard let p = pending[seq] else { return }  // cannot be: the lowest always waits
-            guard now - p.publishedAt >= timeout else { return }
+            guard let p = pending[seq] else { break }  // cannot be: the lowest always waits
+            guard now - (p.batch.original?.publishedAt ?? p.publishedAt) >= timeout else { break }
             _ = pending.remove(seq)
-            guard !p.superseded else { continue }
-            p.batch.resolve(p.index, .failure(AMQPError(
-                .timeout, "no publisher confirm within \(timeout); the broker may be blocked or overloaded")))
+            // One whose copy waits leaves the result to the copy, expired below.
+            if p.copy != .waiting { failed(p, expired) }
+        }
+        guard !copies.isEmpty else { return }
+        copies.removeAll { seq in
+            guard let p = pending[seq], let original = p.batch.original else { return true }
+            guard now - original.publishedAt >= timeout else { return false }
+            _ = pending.remove(seq)
+            failed(p, expired)
+            return true
         }
     }
 
-    /// The repeatable messages that have waited `after` for their confirm
-    /// and were not published again yet, oldest first, marked superseded:
-    /// the caller publishes each once more, its result going to the same
-    /// batch and index.
-    func supersedeOverdue(after: Duration, now: ContinuousClock.Instant) -> [(batch: PublishBatch, index: Int)] {
-        var overdue: [(batch: PublishBatch, index: Int)] = []
-        var seq = pending.lowest
+    /// Publishes once more, through `write`, each repeatable message that
+    /// has waited `after` for its confirm and was not published again yet,
+    /// oldest first, at most `limit`; returns how many. `write` publishes on
+    /// this channel (`ConnectionLoop.publish`), and the copy waits here with
+    /// the sequence number after the last.
+    func republishOverdue(
+        after: Duration, now: ContinuousClock.Instant, limit: Int, write: (OutboundMessage, PublishBatch) -> Void
+    ) -> Int {
+        var seq = max(republishScanned, pending.lowest)
+        var count = 0
         // Published in sequence order, so the first one young enough ends the search.
-        while seq < pending.next {
-            defer { seq += 1 }
-            guard var p = pending[seq] else { continue }
+        while seq < pending.next, count < limit {
+            guard var p = pending[seq] else {
+                seq += 1
+                continue
+            }
             guard now - p.publishedAt >= after else { break }
-            guard !p.superseded, !p.batch.isCopy, p.returned == nil, p.batch.messages.indices.contains(p.index) else { continue }
+            defer { seq += 1 }
+            guard p.copy == .none, p.batch.original == nil, p.returned == nil, p.batch.messages.indices.contains(p.index)
+            else { continue }
             let m = p.batch.messages[p.index]
             guard m.repeatable, !m.mandatory else { continue }
-            p.superseded = true
+            p.copy = .waiting
             pending.update(seq, p)
-            overdue.append((p.batch, p.index))
+            let copySeq = pending.next
+            write(m, .copy(of: .init(batch: p.batch, index: p.index, seq: seq, publishedAt: p.publishedAt)))
+            if pending[copySeq]?.batch.original?.seq == seq {
+                copies.append(copySeq)
+                count += 1
+            } else if var o = pending[seq], o.copy == .waiting {
+                // Not written (refused at once): the original decides.
+                o.copy = .failed
+                pending.update(seq, o)
+            }
         }
-        return overdue
+        republishScanned = seq
+        return count
     }
 
     /// Marks the earliest waiting mandatory publish that matches a basic.return.

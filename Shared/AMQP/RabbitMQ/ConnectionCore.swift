@@ -29,7 +29,7 @@ final class ConnectionCore: Sendable {
 
     /// Messages published again because their confirms were overdue.
     var republishedCount: Int { republished.load(ordering: .relaxed) }
-    func noteRepublished() { republished.add(1, ordering: .relaxed) }
+    func noteRepublished(_ count: Int) { republished.add(count, ordering: .relaxed) }
 
     init(name: String) {
         self.name = name

@@ -35,6 +35,9 @@ final class ConnectionLoop {
     let confirmTimeout: Duration
     /// When a repeatable message still waiting for its confirm is published again.
     let republishAfter: Duration
+    /// At most this many copies a sweep (every 100 ms): a broker slow to
+    /// confirm gets its repeatable messages again at a bounded pace.
+    static let maxCopiesPerSweep = 256
     private var lastConfirmSweep = ContinuousClock.now
 
     init(
@@ -129,10 +132,10 @@ final class ConnectionLoop {
             // Published again only while the broker takes publishes: a
             // blocked connection would fail the copy, and so its message.
             guard core.blockedReason == nil, ch.closedError == nil else { continue }
-            for (batch, index) in ch.supersedeOverdue(after: republishAfter, now: now) {
-                publish(ch, [batch.messages[index]], batch: .copy(of: batch, index))
-                core.noteRepublished()
+            let copies = ch.republishOverdue(after: republishAfter, now: now, limit: Self.maxCopiesPerSweep) { message, copy in
+                publish(ch, [message], batch: copy)
             }
+            if copies > 0 { core.noteRepublished(copies) }
         }
     }
 
