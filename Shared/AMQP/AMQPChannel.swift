@@ -203,6 +203,21 @@ public struct AMQPChannel: Sendable {
         try await run { try $0.cancel($1, consumerTag: consumerTag) }
     }
 
+    /// The same channel of the same connection.
+    func isSame(as other: AMQPChannel) -> Bool { core === other.core && id == other.id && epoch == other.epoch }
+
+    /// Closes the channel once every publish on it has been confirmed or has
+    /// failed (within the confirm timeout), without failing what waits: the
+    /// connection's sweep closes it, no sooner than its next round (a
+    /// publish handed over just before this call still gets out).
+    public func closeWhenSettled() {
+        let id = id, epoch = epoch
+        _ = core.submit { loop in
+            guard let ch = try? loop.channel(id, epoch: epoch), ch.closeWhenSettled == nil else { return }
+            ch.closeWhenSettled = .now
+        }
+    }
+
     /// Closes the channel; unacknowledged deliveries go back to their queues.
     public func close() async {
         let id = id, epoch = epoch

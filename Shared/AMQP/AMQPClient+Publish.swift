@@ -11,12 +11,12 @@ extension AMQPClient {
     public func publish(_ messages: [OutboundMessage]) async throws -> [Result<Void, AMQPError>] {
         let channel = try await publishChannel()
         do {
-            return try await channel.publish(messages)
+            let results = try await channel.publish(messages)
+            retireIfNacked(channel, results)
+            return results
         } catch let error as AMQPError where error.code == .channelClosed {
             // The broker closed the channel (e.g. 404 on an exchange): the next publish gets a new one.
-            state.withLock { s in
-                if s.live?.publishChannel?.id == channel.id { s.live?.publishChannel = nil }
-            }
+            forget(channel)
             throw error
         }
     }
@@ -31,12 +31,46 @@ extension AMQPClient {
         let channel = try await publishChannel()
         // Should the broker have closed the channel, the next window gets a new one.
         return channel.publishWithoutWaiting(messages) { [weak self] result in
-            then?(result)
-            guard case .failure(let error as AMQPError) = result, error.code == .channelClosed else { return }
-            self?.state.withLock { s in
-                if s.live?.publishChannel?.id == channel.id { s.live?.publishChannel = nil }
+            // Before `then`: a window it publishes next goes on the new channel.
+            switch result {
+            case .success(let results): self?.retireIfNacked(channel, results)
+            case .failure(let error as AMQPError) where error.code == .channelClosed: self?.forget(channel)
+            case .failure: break
             }
+            then?(result)
         }
+    }
+
+    /// The next publish opens a new channel if `channel` is still the current one.
+    private func forget(_ channel: AMQPChannel) {
+        state.withLock { s in
+            if let current = s.live?.publishChannel, current.isSame(as: channel) { s.live?.publishChannel = nil }
+        }
+    }
+
+    /// A nack retires the publish channel at most this often: a queue that
+    /// refuses every publish (full, `reject-publish`) must not cost a channel
+    /// open and close a window.
+    static let retireInterval = Duration.seconds(1)
+
+    /// A nack retires the channel: later publishes go to a new one, and it
+    /// closes once its other publishes are settled. On RabbitMQ 3.10 a
+    /// channel whose first publish to a quorum queue found that queue's
+    /// recorded leader node down keeps nacking every publish to that queue
+    /// for as long as it lives (its queue client never looks for the new
+    /// leader); a new channel starts from the queue's current record.
+    private func retireIfNacked(_ channel: AMQPChannel, _ results: PublishConfirms.Results) {
+        guard results.contains(where: { if case .failure(let e) = $0 { e.code == .nacked } else { false } }) else { return }
+        let now = ContinuousClock.now
+        let retired = state.withLock { s -> Bool in
+            guard let current = s.live?.publishChannel, current.isSame(as: channel),
+                s.live?.retiredAt.map({ now - $0 >= Self.retireInterval }) ?? true
+            else { return false }
+            s.live?.publishChannel = nil
+            s.live?.retiredAt = now
+            return true
+        }
+        if retired { channel.closeWhenSettled() }
     }
 
     private func publishChannel() async throws -> AMQPChannel {

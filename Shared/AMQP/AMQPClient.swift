@@ -34,6 +34,8 @@ public final class AMQPClient: Sendable {
     struct Live {
         let connection: AMQPConnection
         var publishChannel: AMQPChannel?
+        /// When a nack last retired the publish channel (see `retireIfNacked`).
+        var retiredAt: ContinuousClock.Instant?
     }
 
     struct State {

@@ -31,8 +31,9 @@ public struct AMQPConnectionConfiguration: Sendable, CustomStringConvertible {
     /// publish fails with `.timeout`.
     public var confirmTimeoutMs: Int
     /// How long a repeatable message (`OutboundMessage.repeatable`) waits for
-    /// its confirm before it is published once more; its copy then has
-    /// `confirmTimeoutMs` of its own.
+    /// its confirm before it is published once more (once); either copy's
+    /// ack settles it, and it still fails `confirmTimeoutMs` after its first
+    /// publish. At or above `confirmTimeoutMs`, nothing is published again.
     public var republishAfterMs: Int
 
     public init(

@@ -197,6 +197,9 @@ final class ChannelState {
     var confirming = false
     var pending = PendingWindow()
     var consumers: [String: ConsumerSink] = [:]
+    /// Set by `AMQPChannel.closeWhenSettled`: the connection's sweep closes
+    /// the channel once nothing waits for a confirm, a sweep or more later.
+    var closeWhenSettled: ContinuousClock.Instant?
     /// The copies waiting (`republishOverdue`), whose timeouts count from
     /// their originals' publish and so are looked at apart from the ring's order.
     private var copies: [UInt64] = []

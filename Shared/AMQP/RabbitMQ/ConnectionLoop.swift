@@ -38,6 +38,8 @@ final class ConnectionLoop {
     /// At most this many copies a sweep (every 100 ms): a broker slow to
     /// confirm gets its repeatable messages again at a bounded pace.
     static let maxCopiesPerSweep = 256
+    /// How often overdue confirms are looked for (expired, copied) and retired channels closed.
+    static let confirmSweepInterval = Duration.milliseconds(100)
     private var lastConfirmSweep = ContinuousClock.now
 
     init(
@@ -125,9 +127,14 @@ final class ConnectionLoop {
 
     private func expireConfirmsIfDue() {
         let now = ContinuousClock.now
-        guard now - lastConfirmSweep >= .milliseconds(100) else { return }
+        guard now - lastConfirmSweep >= Self.confirmSweepInterval else { return }
         lastConfirmSweep = now
-        for ch in channels.values where !ch.pending.isEmpty {
+        var settled: [ChannelState] = []
+        for ch in channels.values {
+            guard !ch.pending.isEmpty else {
+                if let since = ch.closeWhenSettled, now - since >= Self.confirmSweepInterval { settled.append(ch) }
+                continue
+            }
             ch.expireConfirms(olderThan: confirmTimeout, now: now)
             // Published again only while the broker takes publishes: a
             // blocked connection would fail the copy, and so its message.
@@ -137,6 +144,7 @@ final class ConnectionLoop {
             }
             if copies > 0 { core.noteRepublished(copies) }
         }
+        for ch in settled { closeChannel(ch) }
     }
 
     private func sendHeartbeatIfDue() {
