@@ -173,6 +173,17 @@ extension SenderTerm {
                 logger.info("duplicate hand-off dropped", [("dispatch_id", .string(id))])
                 metrics.dispatches.increment("duplicate")
             }
+            if why == .duplicateHandOff || why == .ended, let end = statusLog.recentEnd(id) {
+                // Its end is in the log, but perhaps not in the surfaces'
+                // queues (see `StatusLog.RecentEnd`): published again, the
+                // lease acked once that is confirmed. Surfaces drop a repeated seq.
+                metrics.dispatches.increment("end_again")
+                pendingMessages.append(OutboundMessage(
+                    exchange: SharedTopology.statusExchange, routingKey: end.routingKey, body: end.body,
+                    properties: .persistentJSON(messageID: "\(id)/\(end.seq)", correlationID: id, type: StatusEvent.type),
+                    repeatable: true))
+                return pendingAcks.append(d)
+            }
             try d.ack()
         case .requeue:
             try d.nack(requeue: true)

@@ -219,16 +219,37 @@ final class SenderTerm {
         }
         // Whatever gathered while the last batch was handled is handled
         // together: one publish window, settled by the settler.
-        while let batch = await feed.next() {
+        do {
+            while let batch = await feed.next() {
+                try settler.check()
+                // Cancels and reroutes first: a dispatch that surfaces in the same
+                // batch must not be delivered before a command already in the broker.
+                for input in batch where input.isCommand { try await handle(input) }
+                for input in batch where !input.isCommand { try await handle(input) }
+                try await flush()
+            }
             try settler.check()
-            // Cancels and reroutes first: a dispatch that surfaces in the same
-            // batch must not be delivered before a command already in the broker.
-            for input in batch where input.isCommand { try await handle(input) }
-            for input in batch where !input.isCommand { try await handle(input) }
-            try await flush()
+        } catch {
+            // A nacked status event may be in the log and not in the surfaces'
+            // queues: the next leader, its log showing the dispatch ended, would
+            // drop its lease, and no surface would see the end. Published again
+            // first, while this connection still holds the lock. (Status events
+            // only: a waiting record alone, without its park copy, would claim
+            // a copy the broker does not have.)
+            let (published, left) = await settler.publishFailedAgain(on: connection, within: Self.publishAgainWithin) {
+                $0.exchange == SharedTopology.statusExchange
+            }
+            if published + left > 0 {
+                logger.warning("published a failed window's events again before ending the term", [
+                    ("published", .int(published)), ("left", .int(left)), ("partition", .int(partition)),
+                ])
+            }
+            throw error
         }
-        try settler.check()
     }
+
+    /// How long a term that failed tries to publish its nacked events again.
+    static let publishAgainWithin = Duration.seconds(5)
 
     /// Publishes what this batch produced, without waiting: the settler acks
     /// the leases it settled once the broker has confirmed it.

@@ -75,7 +75,27 @@ final class StatusLog: Sendable {
         /// Each sender replica's last heartbeat in the log: when it was read
         /// (seconds since 1970) and the partitions it led.
         var heartbeats: [String: (at: Double, led: [Int])] = [:]
+        /// The terminal events read from the stream lately, by dispatch, and
+        /// their ids oldest first (at most `maxRecentEnds`).
+        var recentEnds: [String: RecentEnd] = [:]
+        var recentEndOrder: [String] = []
+        var recentEndHead = 0
     }
+
+    /// A terminal event as the stream holds it. A nack does not unroute, and
+    /// a node can die between routing to the stream and to a quorum queue:
+    /// an end the log shows may never have reached the surfaces. A leader
+    /// that drops a lease (or copy) of an ended dispatch publishes it again.
+    struct RecentEnd: Sendable {
+        let seq: Int
+        let routingKey: String
+        let body: Data
+    }
+
+    /// Terminal events kept for `recentEnd` (the last few seconds' worth at
+    /// the maximum rate: a dead leader's last windows), and the largest body kept.
+    static let maxRecentEnds = 10_000
+    static let maxRecentEndBody = 32 * 1024
 
     private let state = Mutex(State())
     /// The sender's login: waiting records and markers by anyone else are not read.
@@ -317,6 +337,39 @@ final class StatusLog: Sendable {
         // Status events come through the status exchange, where only the services publish.
         guard d.routingKey != Self.stream else { return }
         note(properties: d.properties, routingKey: d.routingKey)
+        if Self.isTerminal(routingKey: d.routingKey), d.body.count <= Self.maxRecentEndBody,
+            let id = d.properties.correlationID, let seq = Self.seq(of: d.properties)
+        {
+            keepRecentEnd(id, RecentEnd(seq: seq, routingKey: d.routingKey, body: d.body))
+        }
+    }
+
+    private func keepRecentEnd(_ id: String, _ end: RecentEnd) {
+        state.withLock { s in
+            if s.recentEnds.updateValue(end, forKey: id) != nil { return }  // kept already: its place stays
+            if s.recentEndOrder.count < Self.maxRecentEnds {
+                s.recentEndOrder.append(id)
+            } else {
+                // A ring: the oldest id gives its place up.
+                let oldest = s.recentEndOrder[s.recentEndHead]
+                if oldest != id { s.recentEnds[oldest] = nil }
+                s.recentEndOrder[s.recentEndHead] = id
+                s.recentEndHead = (s.recentEndHead + 1) % Self.maxRecentEnds
+            }
+        }
+    }
+
+    /// The terminal event of `id` read from the stream lately, if kept.
+    func recentEnd(_ id: String) -> RecentEnd? { state.withLock { $0.recentEnds[id] } }
+
+    static func isTerminal(routingKey: String) -> Bool {
+        ["replied", "failed", "cancelled"].contains(routingKey.split(separator: ".").last.map(String.init) ?? "")
+    }
+
+    /// The seq in a status event's message id (`<dispatch>/<seq>`).
+    static func seq(of properties: AMQPProperties) -> Int? {
+        guard let messageID = properties.messageID, let slash = messageID.lastIndex(of: "/") else { return nil }
+        return Int(messageID[messageID.index(after: slash)...])
     }
 
     /// The replicas whose heartbeat was read within the last `seconds` (older
@@ -335,11 +388,8 @@ final class StatusLog: Sendable {
     /// called by the leader for its own events as soon as they are confirmed,
     /// so that what it decides next never waits for the stream to catch up.
     func note(properties: AMQPProperties, routingKey: String) {
-        guard let id = properties.correlationID, let messageID = properties.messageID,
-            let slash = messageID.lastIndex(of: "/"), let seq = Int(messageID[messageID.index(after: slash)...])
-        else { return }
-        let stateName = routingKey.split(separator: ".").last.map(String.init) ?? ""
-        let terminal = ["replied", "failed", "cancelled"].contains(stateName)
+        guard let id = properties.correlationID, let seq = Self.seq(of: properties) else { return }
+        let terminal = Self.isTerminal(routingKey: routingKey)
         let partition = partitionPlusOne(routingKey: routingKey)
         update(id) { e in
             // A repeated event may come after later ones (published again

@@ -263,3 +263,70 @@ extension BrokerIntegration.SenderFailureTests {
         }
     }
 }
+
+extension BrokerIntegration.SenderFailureTests {
+    /// A surface's queue that refuses the `replied` event (full, rejecting
+    /// publishes) makes the broker nack it, though the status log took it: a
+    /// next leader would see the dispatch ended and drop its lease. The term
+    /// publishes the event again before it ends, so the surface gets it once
+    /// it has room.
+    @Test func aRepliedTheBrokerNackedStillReachesTheSurfaceThatRefusedIt() async throws {
+        try await withHarness("sender-nacked-replied") { h in
+            let surface = "frontdesk.test.full-surface"
+            try await h.channel.queueDeclare(surface, arguments: ["x-max-length": .int64(1), "x-overflow": .string("reject-publish")])
+            try await h.channel.queueBind(surface, exchange: "frontdesk.status", routingKey: "status.*.*.replied")
+            try await h.channel.publish(exchange: "", routingKey: surface, body: Data("filler".utf8))
+            try await h.startRouter()
+            let sender = try await h.startSender()
+            try await h.waitUntilLeading(sender)
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+            try await h.publish("dispatch.request", #"{"id":"nk-1","input":"the agm agenda"}"#)
+            // The test's own status queue took it; the full one refused it.
+            _ = try await h.events(until: "nk-1", reaches: "replied")
+            _ = try await h.channel.queuePurge(surface)
+            let arrived = try await h.drain(surface, count: 1, within: .seconds(10))
+            let event = RouterHarness.decode(arrived).first
+            #expect(event?["dispatchId"] as? String == "nk-1" && event?["state"] as? String == "replied", "\(String(describing: event))")
+            await agent.stop()
+        }
+    }
+}
+
+extension BrokerIntegration.SenderFailureTests {
+    /// The end of a dispatch can be in the status log and not in a surface's
+    /// queue (a nack does not unroute; a node can die between the two). When
+    /// its leader dies too, the next one, seeing it ended, drops the lease:
+    /// it publishes that end again first, so the surface gets it.
+    @Test func aNewLeaderPublishesAgainAnEndTheLogHasThatASurfaceMissed() async throws {
+        try await withHarness("sender-end-again") { h in
+            let surface = "frontdesk.test.full-surface"
+            try await h.channel.queueDeclare(surface, arguments: ["x-max-length": .int64(1), "x-overflow": .string("reject-publish")])
+            try await h.channel.queueBind(surface, exchange: "frontdesk.status", routingKey: "status.*.*.replied")
+            try await h.startRouter()
+            let first = try await h.startSender()
+            try await h.waitUntilLeading(first)
+            try await h.startSender()  // standby: it reads the log while it waits
+            let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
+            try await h.waitUntilSenderSeesAgents(first, on: "yemaya/board-prep")
+            try await h.publish("dispatch.request", #"{"id":"ea-1","input":"the agm agenda"}"#)
+            _ = try await h.events(until: "ea-1", reaches: "sending")
+            // Its end, as a leader that died would have left it: in the log
+            // (and the test's own queue), refused by the full surface.
+            try await h.channel.publish(exchange: "", routingKey: surface, body: Data("filler".utf8))
+            let end = #"{"dispatchId":"ea-1","seq":40,"state":"replied","at":"2026-01-01T00:00:00.000Z","text":"done"}"#
+            await #expect(throws: AMQPError.self) {
+                try await h.channel.publish(
+                    exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.replied", body: Data(end.utf8),
+                    properties: .persistentJSON(messageID: "ea-1/40", correlationID: "ea-1", type: "frontdesk.status.v1"))
+            }
+            _ = try await h.channel.queuePurge(surface)
+            kill(first.processIdentifier, SIGKILL)
+            let arrived = try await h.drain(surface, count: 1, within: .seconds(15))
+            let event = RouterHarness.decode(arrived).first
+            #expect(event?["dispatchId"] as? String == "ea-1" && event?["seq"] as? Int == 40, "\(String(describing: event))")
+            #expect(arrived.first?.properties.messageID == "ea-1/40")
+            await silent.stop()
+        }
+    }
+}
