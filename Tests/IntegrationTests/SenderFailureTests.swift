@@ -265,6 +265,16 @@ extension BrokerIntegration.SenderFailureTests {
 }
 
 extension BrokerIntegration.SenderFailureTests {
+    /// A surface's queue for `replied` events that refuses them: it holds one
+    /// message and rejects publishes beyond it (the broker nacks them).
+    func fullSurface(_ h: RouterHarness) async throws -> String {
+        let surface = "frontdesk.test.full-surface"
+        try await h.channel.queueDeclare(surface, arguments: ["x-max-length": .int64(1), "x-overflow": .string("reject-publish")])
+        try await h.channel.queueBind(surface, exchange: "frontdesk.status", routingKey: "status.*.*.replied")
+        try await h.channel.publish(exchange: "", routingKey: surface, body: Data("filler".utf8))
+        return surface
+    }
+
     /// A surface's queue that refuses the `replied` event (full, rejecting
     /// publishes) makes the broker nack it, though the status log took it: a
     /// next leader would see the dispatch ended and drop its lease. The term
@@ -272,10 +282,7 @@ extension BrokerIntegration.SenderFailureTests {
     /// it has room.
     @Test func aRepliedTheBrokerNackedStillReachesTheSurfaceThatRefusedIt() async throws {
         try await withHarness("sender-nacked-replied") { h in
-            let surface = "frontdesk.test.full-surface"
-            try await h.channel.queueDeclare(surface, arguments: ["x-max-length": .int64(1), "x-overflow": .string("reject-publish")])
-            try await h.channel.queueBind(surface, exchange: "frontdesk.status", routingKey: "status.*.*.replied")
-            try await h.channel.publish(exchange: "", routingKey: surface, body: Data("filler".utf8))
+            let surface = try await fullSurface(h)
             try await h.startRouter()
             let sender = try await h.startSender()
             try await h.waitUntilLeading(sender)
@@ -300,9 +307,8 @@ extension BrokerIntegration.SenderFailureTests {
     /// it publishes that end again first, so the surface gets it.
     @Test func aNewLeaderPublishesAgainAnEndTheLogHasThatASurfaceMissed() async throws {
         try await withHarness("sender-end-again") { h in
-            let surface = "frontdesk.test.full-surface"
-            try await h.channel.queueDeclare(surface, arguments: ["x-max-length": .int64(1), "x-overflow": .string("reject-publish")])
-            try await h.channel.queueBind(surface, exchange: "frontdesk.status", routingKey: "status.*.*.replied")
+            let surface = try await fullSurface(h)
+            _ = try await h.channel.queuePurge(surface)  // full only once the end is in the log
             try await h.startRouter()
             let first = try await h.startSender()
             try await h.waitUntilLeading(first)
