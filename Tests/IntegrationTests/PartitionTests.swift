@@ -27,7 +27,8 @@ extension BrokerIntegration {
 
         /// Dispatches to both routes (partitions 0 and 1 of 4) all the way
         /// through: 1, 2 and 4 replicas joining, then one killed; each
-        /// dispatch replied exactly once, its seqs rising.
+        /// dispatch shows one reply, its seqs rising (an event comes twice
+        /// only as the same message, which a surface drops).
         @Test func replicasShareThePartitionsAndNothingIsLostAsTheyComeAndGo() async throws {
             try await withHarness("partitions-scale") { h in
                 #expect(SenderPartitions(count: 4).partition(of: .init(project: "yemaya", target: "board-prep")) == 0)
@@ -84,11 +85,13 @@ extension BrokerIntegration {
                     return ids.allSatisfy(ended.contains)
                 }
                 for id in ids {
-                    let mine = events.filter { $0["dispatchId"] as? String == id }
-                    let ends = mine.filter { RouterHarness.terminal.contains($0["state"] as? String ?? "") }
+                    // A replica killed between an event's confirm and its
+                    // lease's ack: the next leader publishes the event again,
+                    // the same message, which a surface drops.
+                    let (shown, strays) = RouterHarness.shown(events.filter { $0["dispatchId"] as? String == id })
+                    let ends = shown.filter { RouterHarness.terminal.contains($0["state"] as? String ?? "") }
                     #expect(ends.count == 1 && ends.first?["state"] as? String == "replied", "\(id): \(ends.map { $0["state"] ?? "" })")
-                    let seqs = mine.compactMap { $0["seq"] as? Int }
-                    #expect(seqs == seqs.sorted() && Set(seqs).count == seqs.count, "\(id): seqs \(seqs)")
+                    #expect(strays.isEmpty, "\(id): events out of order or changed on a repeat: \(strays)")
                 }
                 await board.stop()
                 await legal.stop()

@@ -139,6 +139,25 @@ final class RouterHarness: @unchecked Sendable {
 
     static let terminal: Set<String> = ["replied", "failed", "cancelled"]
 
+    /// What a surface shows of one dispatch's `events` (in arrival order),
+    /// as the contract has it: an event whose seq is not above the last one
+    /// shown is dropped. `strays` are the dropped ones that were not an exact
+    /// repeat of an event already seen (at least once allows only those).
+    static func shown(_ events: [[String: Any]]) -> (shown: [[String: Any]], strays: [[String: Any]]) {
+        var shown: [[String: Any]] = [], strays: [[String: Any]] = []
+        var seen: [Int: NSDictionary] = [:]
+        for e in events {
+            guard let seq = e["seq"] as? Int else { strays.append(e); continue }
+            if let last = shown.last?["seq"] as? Int, seq <= last {
+                if seen[seq]?.isEqual(to: e) != true { strays.append(e) }
+                continue
+            }
+            seen[seq] = e as NSDictionary
+            shown.append(e)
+        }
+        return (shown, strays)
+    }
+
     /// Waits until a condition holds, or fails the test with `what` at the deadline.
     func waitUntil(
         _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
