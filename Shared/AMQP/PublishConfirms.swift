@@ -17,11 +17,15 @@ public final class PublishConfirms: Sendable {
     init(then: (@Sendable (Result<Results, Error>) -> Void)? = nil) { self.then = then }
 
     func complete(_ result: Result<Results, Error>) {
-        let waiters = state.withLock { s -> [CheckedContinuation<Results, Error>] in
-            guard case .waiting(let waiters) = s else { return [] }
+        // Only the first completion counts: a window can be ended by its
+        // last confirm and again by its channel's close, and `then` (which
+        // settles the caller's deliveries) must see one result.
+        let waiters = state.withLock { s -> [CheckedContinuation<Results, Error>]? in
+            guard case .waiting(let waiters) = s else { return nil }
             s = .done(result)
             return waiters
         }
+        guard let waiters else { return }
         for w in waiters { w.resume(with: result) }
         then?(result)
     }

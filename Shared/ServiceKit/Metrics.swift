@@ -59,7 +59,14 @@ func renderSamples(name: String, help: String, type: String, labelNames: [String
     return out
 }
 
+/// An unlabelled counter or gauge is shown (as 0) from the start, so that a
+/// scrape tells "zero" from "not exported"; a labelled one from its first label set.
+private func initialSamples(_ labelNames: [String]) -> [[String]: Double] {
+    labelNames.isEmpty ? [[]: 0] : [:]
+}
+
 func formatNumber(_ v: Double) -> String {
+    if v.isNaN { return "NaN" }
     if v.isInfinite { return v > 0 ? "+Inf" : "-Inf" }
     if v == v.rounded(), abs(v) < 1e15 { return String(Int64(v)) }
     return String(v)
@@ -68,12 +75,13 @@ func formatNumber(_ v: Double) -> String {
 /// A value that only goes up.
 public final class Counter: RenderableMetric {
     let name: String, help: String, labelNames: [String]
-    private let samples = Mutex<[[String]: Double]>([:])
+    private let samples: Mutex<[[String]: Double]>
 
     init(name: String, help: String, labelNames: [String]) {
         self.name = name
         self.help = help
         self.labelNames = labelNames
+        samples = Mutex(initialSamples(labelNames))
     }
 
     public func increment(by amount: Double = 1, _ labelValues: String...) {
@@ -91,12 +99,13 @@ public final class Counter: RenderableMetric {
 /// A value that goes up and down.
 public final class Gauge: RenderableMetric {
     let name: String, help: String, labelNames: [String]
-    private let samples = Mutex<[[String]: Double]>([:])
+    private let samples: Mutex<[[String]: Double]>
 
     init(name: String, help: String, labelNames: [String]) {
         self.name = name
         self.help = help
         self.labelNames = labelNames
+        samples = Mutex(initialSamples(labelNames))
     }
 
     public func set(_ value: Double, _ labelValues: String...) {

@@ -1,5 +1,6 @@
 @testable import AMQP
 import Foundation
+import Synchronization
 import Testing
 
 @Suite("Publishes waiting for confirms, and the C arena")
@@ -101,6 +102,17 @@ struct PendingWindowTests {
         ch.confirm(tag: .max, multiple: true, ack: true)
         #expect(ch.pending.isEmpty)
         #expect(outcome()?.count == 3)
+    }
+
+    @Test("a window's confirms complete once: a later failure (its channel closing) neither calls `then` again nor changes the result")
+    func confirmsCompleteOnce() async throws {
+        let calls = Mutex<[Bool]>([])
+        let confirms = PublishConfirms { result in calls.withLock { $0.append((try? result.get()) != nil) } }
+        confirms.complete(.success([.success(())]))
+        confirms.complete(.failure(AMQPError(.channelClosed, "closed after the confirm")))
+        #expect(calls.withLock { $0 } == [true])
+        let results = try await confirms.results()
+        #expect(results.count == 1)
     }
 
     @Test func aReturnMarksTheEarliestMatchingMandatoryPublish() {

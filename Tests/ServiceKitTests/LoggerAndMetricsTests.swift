@@ -73,6 +73,21 @@ struct MetricsTests {
         #expect(accepted.value("accepted") == 3)
     }
 
+    @Test("an unlabelled counter or gauge is exported as 0 before it is first set; a labelled one is not; NaN is spelled NaN")
+    func unlabelledMetricsStartAtZero() {
+        let registry = MetricsRegistry()
+        let led = registry.gauge("frontdesk_led", "partitions led")
+        _ = registry.counter("frontdesk_restarts_total", "restarts")
+        _ = registry.gauge("frontdesk_parked", "parked", labels: ["target"])
+        var text = registry.render()
+        #expect(text.contains("\nfrontdesk_led 0\n"))
+        #expect(text.contains("\nfrontdesk_restarts_total 0\n"))
+        #expect(!text.contains("frontdesk_parked{"))
+        led.set(.nan)
+        text = registry.render()
+        #expect(text.contains("\nfrontdesk_led NaN\n"))
+    }
+
     @Test func countersNeverGoDown() {
         let c = MetricsRegistry().counter("c", "c")
         c.increment(by: -5)
