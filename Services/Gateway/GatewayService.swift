@@ -257,7 +257,9 @@ final class GatewayService: Service {
         case .createDispatch:
             let (id, body) = try GatewayBodies.dispatchRequest(request.body, user: user, makeID: { UUID().uuidString.lowercased() }).get()
             if let owner = state.owner(id) ?? state.poster(id, now: Date()), owner != user {
-                throw GatewayError(409, "id_taken", "the id '\(id)' belongs to another dispatch; a new request needs a new id")
+                // Another's dispatch is 404 (CONTRACT: "another's answer 404"), as on every
+                // other endpoint: the answer must not tell whether someone else used the id.
+                throw GatewayError.notFound
             }
             if state.owner(id) == nil {
                 try await publish(CommandKey.request, id: id, body: body)
