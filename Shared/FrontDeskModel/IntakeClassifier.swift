@@ -155,7 +155,17 @@ public enum IntakeClassifier {
 /// RFC 3339 times, as the contract writes them. Hand-written: Foundation's
 /// ISO8601DateFormatter is costly to create and not Sendable to share.
 public enum RFC3339 {
-    /// Parses `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` (`t`/space and `z` accepted).
+    /// The days of a month of the Gregorian calendar (February 29 in leap years).
+    static func daysIn(month: Int, year: Int) -> Int {
+        switch month {
+        case 2: return year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) ? 29 : 28
+        case 4, 6, 9, 11: return 30
+        default: return 31
+        }
+    }
+
+    /// Parses `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` (`t`/space and `z` accepted);
+    /// a day the month does not have, or an offset beyond 23:59, is no time.
     public static func parse(_ text: String) -> Date? {
         let b = Array(text.utf8)
         func digits(_ at: Int, _ n: Int) -> Int? {
@@ -170,7 +180,8 @@ public enum RFC3339 {
         guard b.count >= 20, let year = digits(0, 4), b[4] == 45, let month = digits(5, 2), b[7] == 45,
             let day = digits(8, 2), [84, 116, 32].contains(b[10]), let hour = digits(11, 2), b[13] == 58,
             let minute = digits(14, 2), b[16] == 58, let second = digits(17, 2),
-            (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
+            (1...12).contains(month), (1...daysIn(month: month, year: year)).contains(day), hour < 24, minute < 60,
+            second < 61
         else { return nil }
         var i = 19
         var fraction = 0.0
@@ -189,7 +200,9 @@ public enum RFC3339 {
         var offset = 0
         if b[i] == 90 || b[i] == 122 {
             i += 1
-        } else if b[i] == 43 || b[i] == 45, let oh = digits(i + 1, 2), i + 3 < b.count, b[i + 3] == 58, let om = digits(i + 4, 2) {
+        } else if b[i] == 43 || b[i] == 45, let oh = digits(i + 1, 2), i + 3 < b.count, b[i + 3] == 58, let om = digits(i + 4, 2),
+            oh < 24, om < 60
+        {
             offset = (oh * 3600 + om * 60) * (b[i] == 45 ? -1 : 1)
             i += 6
         } else {
