@@ -105,7 +105,7 @@ let package = Package(
             linkerSettings: [.linkedLibrary("rabbitmq")]
         ),
 
-        .testTarget(name: "AMQPTests", dependencies: ["AMQP"], path: "Tests/AMQPTests"),
+        .testTarget(name: "AMQPTests", dependencies: ["AMQP", "CRabbitMQ"], path: "Tests/AMQPTests"),
         .testTarget(name: "ServiceKitTests", dependencies: ["ServiceKit"], path: "Tests/ServiceKitTests"),
         .testTarget(name: "FrontDeskModelTests", dependencies: ["FrontDeskModel", "FrontDeskActivity"], path: "Tests/FrontDeskModelTests"),
         // Against the local broker: the AMQP layer, and the services run as processes.

@@ -98,6 +98,37 @@ public struct FieldTable: Sendable, Hashable, ExpressibleByDictionaryLiteral, Se
     }
 }
 
+extension FieldTable {
+    /// How deep tables and arrays are read from the wire; a value nested
+    /// deeper is read as `.void`. The frame allows ~26,000 levels, and
+    /// following them all would overflow the reading thread's stack.
+    public static let maxDepth = 32
+
+    /// The bytes this table takes on the wire (AMQP 0-9-1 field table): its
+    /// 4-byte length, then each entry's short-string key, type octet and value.
+    public var encodedSize: Int {
+        entries.reduce(4) { $0 &+ 1 &+ $1.key.utf8.count &+ $1.value.encodedSize }
+    }
+}
+
+extension FieldValue {
+    /// The bytes this value takes on the wire, its type octet included.
+    public var encodedSize: Int {
+        switch self {
+        case .string(let s): 5 &+ s.utf8.count
+        case .bytes(let d): 5 &+ d.count
+        case .bool, .int8, .uint8: 2
+        case .int16, .uint16: 3
+        case .int32, .uint32, .float: 5
+        case .int64, .double, .timestamp: 9
+        case .decimal: 6
+        case .table(let t): 1 &+ t.encodedSize
+        case .array(let items): items.reduce(5) { $0 &+ $1.encodedSize }
+        case .void: 1
+        }
+    }
+}
+
 extension FieldValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral {
     public init(stringLiteral value: String) { self = .string(value) }
     /// Integer literals encode as signed 64-bit, which RabbitMQ accepts for every numeric argument.

@@ -41,6 +41,56 @@ struct PublishConsumeTests {
         await connection.close()
     }
 
+    /// What any producer may send and rabbitmq-c's `amqp_read_message` could
+    /// not read (an empty key), or reading would follow down the stack (a table
+    /// nested as deep as a frame allows): delivered, and returned, whole or cut
+    /// at `FieldTable.maxDepth`, with the connection still up.
+    @Test func headersWithEmptyKeysAndDeepNestingArriveAndReturn() async throws {
+        let connection = try await TestBroker.connect("odd-headers")
+        let channel = try await connection.openChannel()
+        let queue = TestBroker.uniqueName("odd-headers")
+        try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+        try await channel.confirmSelect()
+        var deep = FieldValue.string("leaf")
+        for _ in 0..<40 { deep = .table(["": deep]) }
+        let headers: FieldTable = ["": "empty key", "x-deep": deep, "x-after": 1]
+        let message = OutboundMessage(
+            exchange: "", routingKey: queue, body: Data("odd".utf8), properties: AMQPProperties(headers: headers), mandatory: true)
+        let unroutable = OutboundMessage(
+            exchange: "amq.direct", routingKey: "nobody-binds-this", body: Data("back".utf8),
+            properties: AMQPProperties(headers: headers), mandatory: true)
+        let results = try await channel.publish([message, unroutable, message])
+        #expect((try? results[0].get()) != nil)
+        guard case .failure(let error) = results[1] else {
+            Issue.record("the unroutable message was not returned")
+            return
+        }
+        #expect(error.code == .returned && error.replyCode == 312)
+
+        let consumer = try await channel.consume(queue: queue)
+        let deliveries = try await consumer.first(2, timeout: .seconds(10))
+        #expect(deliveries.count == 2)
+        for d in deliveries {
+            #expect(d.body == Data("odd".utf8))
+            let got = try #require(d.properties.headers)
+            #expect(got[""] == .string("empty key"))
+            #expect(got["x-after"] == .int64(1))
+            // x-deep is depth 1; tables below it down to maxDepth are kept, the next is void.
+            var levels = 1
+            var v = try #require(got["x-deep"])
+            while case .table(let t) = v, let inner = t[""] {
+                v = inner
+                levels += 1
+            }
+            #expect(levels == FieldTable.maxDepth + 1)
+            #expect(v == .void)
+        }
+        try deliveries.last!.ack(multiple: true)
+        #expect(connection.isOpen)
+        #expect(try await channel.queueDelete(queue) == 0)
+        await connection.close()
+    }
+
     @Test func unroutableMandatoryMessageIsReturnedToThePublisher() async throws {
         let connection = try await TestBroker.connect("return")
         let channel = try await connection.openChannel()

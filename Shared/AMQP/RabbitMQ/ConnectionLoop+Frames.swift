@@ -30,14 +30,20 @@ extension ConnectionLoop {
     }
 
     private func handle(_ frame: amqp_frame_t) {
-        guard frame.frame_type == UInt8(AMQP_FRAME_METHOD) else { return }  // heartbeats; stray content
+        switch frame.frame_type {
+        case UInt8(AMQP_FRAME_METHOD): break
+        case UInt8(AMQP_FRAME_HEADER), UInt8(AMQP_FRAME_BODY): return handleContent(frame)
+        default: return  // heartbeats
+        }
         let method = frame.payload.method
         let id = method.id
         let channelID = frame.channel
         switch id {
         case FD_BASIC_DELIVER:
             let m = method.decoded.assumingMemoryBound(to: amqp_basic_deliver_t.self).pointee
-            handleDeliver(m, channelID: channelID)
+            begin(channelID, .deliver(
+                consumerTag: m.consumer_tag.string, exchange: m.exchange.string, routingKey: m.routing_key.string,
+                redelivered: m.redelivered != 0, deliveryTag: m.delivery_tag))
         case FD_BASIC_ACK:
             let m = method.decoded.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
             channels[channelID]?.confirm(tag: m.delivery_tag, multiple: m.multiple != 0, ack: true)
@@ -46,7 +52,8 @@ extension ConnectionLoop {
             channels[channelID]?.confirm(tag: m.delivery_tag, multiple: m.multiple != 0, ack: false)
         case FD_BASIC_RETURN:
             let m = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
-            handleReturn(m, channelID: channelID)
+            begin(channelID, .returned(
+                replyCode: m.reply_code, replyText: m.reply_text.string, exchange: m.exchange.string, routingKey: m.routing_key.string))
         case FD_BASIC_CANCEL:
             let m = method.decoded.assumingMemoryBound(to: amqp_basic_cancel_t.self).pointee
             let tag = m.consumer_tag.string
@@ -74,47 +81,86 @@ extension ConnectionLoop {
         }
     }
 
-    private func readContent(channelID: UInt16) -> (AMQPProperties, Data)? {
-        var message = amqp_message_t()
-        let reply = amqp_read_message(conn, channelID, &message, 0)
-        defer { amqp_destroy_message(&message) }
-        guard case .ok = RabbitMQOutcome(reply) else {
-            if case .library(let status) = RabbitMQOutcome(reply) {
-                fail(.library(status, "reading a message body"))
-            } else {
-                fail(AMQPError(.library, "unexpected frame while reading a message body"))
-            }
-            return nil
-        }
-        return (AMQPProperties(message.properties), message.body.data)
+    /// A deliver or a return: its header and body frames follow on the
+    /// channel, one frame at a time, read by `pumpFrames` like any other
+    /// (never a blocking read in the middle of a pump). Not `amqp_read_message`:
+    /// it clones the properties, and its clone refuses a header table with an
+    /// empty key (legal AMQP, which any producer may send) with
+    /// `AMQP_STATUS_INVALID_PARAMETER`, leaving the body unread: the
+    /// connection had to be dropped and the broker delivered the message
+    /// again, forever. Properties and body are copied into Swift values
+    /// straight from each decoded frame.
+    private func begin(_ channelID: UInt16, _ method: ArrivingContent.Method) {
+        // A channel that closed in the middle of a message leaves its part behind: replaced.
+        arriving[channelID] = ArrivingContent(method: method)
     }
 
-    private func handleDeliver(_ m: amqp_basic_deliver_t, channelID: UInt16) {
-        let consumerTag = m.consumer_tag.string
-        let exchange = m.exchange.string
-        let routingKey = m.routing_key.string
-        guard let (properties, body) = readContent(channelID: channelID) else { return }
+    private func handleContent(_ frame: amqp_frame_t) {
+        let channelID = frame.channel
+        guard var content = arriving[channelID] else { return }  // stray content of a closed channel
+        if frame.frame_type == UInt8(AMQP_FRAME_HEADER) {
+            guard content.properties == nil, let decoded = frame.payload.properties.decoded else {
+                return fail(AMQPError(.library, "a second content header on channel \(channelID)"))
+            }
+            content.properties = AMQPProperties(decoded.assumingMemoryBound(to: amqp_basic_properties_t.self).pointee)
+            content.size = frame.payload.properties.body_size
+            // The announced size is the peer's word: no more than a frame's worth reserved ahead.
+            content.body.reserveCapacity(Int(min(content.size, UInt64(AMQPURL.defaultFrameMax))))
+        } else {
+            guard content.properties != nil else {
+                return fail(AMQPError(.library, "a message body before its header on channel \(channelID)"))
+            }
+            let fragment = frame.payload.body_fragment
+            guard UInt64(content.body.count) + UInt64(fragment.len) <= content.size else {
+                return fail(AMQPError(.library, "a message body longer than its header announced on channel \(channelID)"))
+            }
+            if fragment.len > 0, let bytes = fragment.bytes {
+                content.body.append(bytes.assumingMemoryBound(to: UInt8.self), count: fragment.len)
+            }
+        }
+        guard let properties = content.properties, UInt64(content.body.count) == content.size else {
+            arriving[channelID] = content
+            return
+        }
+        arriving[channelID] = nil
+        switch content.method {
+        case .deliver(let consumerTag, let exchange, let routingKey, let redelivered, let deliveryTag):
+            deliver(channelID, consumerTag: consumerTag, exchange: exchange, routingKey: routingKey,
+                    redelivered: redelivered, deliveryTag: deliveryTag, properties: properties, body: content.body)
+        case .returned(let replyCode, let replyText, let exchange, let routingKey):
+            channels[channelID]?.markReturned(ReturnedMessage(
+                replyCode: replyCode, replyText: replyText, exchange: exchange, routingKey: routingKey,
+                body: content.body, properties: properties))
+        }
+    }
+
+    private func deliver(
+        _ channelID: UInt16, consumerTag: String, exchange: String, routingKey: String, redelivered: Bool,
+        deliveryTag: UInt64, properties: AMQPProperties, body: Data
+    ) {
         guard let ch = channels[channelID], ch.closedError == nil else { return }
         guard let sink = ch.consumers[consumerTag] else {
             // A delivery that raced with a cancel: hand it back to the queue.
             flushOutput()
-            if failure == nil { _ = amqp_basic_reject(conn, channelID, m.delivery_tag, 1) }
+            if failure == nil { _ = amqp_basic_reject(conn, channelID, deliveryTag, 1) }
             return
         }
         let delivery = AMQPDelivery(
             body: body, properties: properties, exchange: exchange, routingKey: routingKey,
-            redelivered: m.redelivered != 0, deliveryTag: m.delivery_tag, consumerTag: consumerTag,
+            redelivered: redelivered, deliveryTag: deliveryTag, consumerTag: consumerTag,
             acknowledger: DeliveryAcknowledger(core: core, channel: channelID, epoch: ch.epoch))
         sink.deliver(delivery)
     }
+}
 
-    private func handleReturn(_ m: amqp_basic_return_t, channelID: UInt16) {
-        let replyText = m.reply_text.string
-        let exchange = m.exchange.string
-        let routingKey = m.routing_key.string
-        guard let (properties, body) = readContent(channelID: channelID) else { return }
-        channels[channelID]?.markReturned(ReturnedMessage(
-            replyCode: m.reply_code, replyText: replyText, exchange: exchange, routingKey: routingKey,
-            body: body, properties: properties))
+/// A message whose method frame has come and whose header and body are coming.
+struct ArrivingContent {
+    enum Method {
+        case deliver(consumerTag: String, exchange: String, routingKey: String, redelivered: Bool, deliveryTag: UInt64)
+        case returned(replyCode: UInt16, replyText: String, exchange: String, routingKey: String)
     }
+    let method: Method
+    var properties: AMQPProperties?
+    var size: UInt64 = 0
+    var body = Data()
 }

@@ -16,6 +16,8 @@ final class ConnectionLoop {
     /// every frame goes through rabbitmq-c.
     let writesWindows: Bool
     var channels: [UInt16: ChannelState] = [:]
+    /// Deliveries and returns whose header and body frames are still coming, by channel.
+    var arriving: [UInt16: ArrivingContent] = [:]
     private var nextChannelHint: UInt16 = 1
     private var nextEpoch: UInt64 = 1
     /// Set once the connection has failed or closed; every later command fails with it.

@@ -77,21 +77,26 @@ extension CArena {
 }
 
 extension FieldTable {
-    /// Copies a C table out of rabbitmq-c's memory.
-    init(_ c: amqp_table_t) {
+    /// Copies a C table out of rabbitmq-c's memory; tables and arrays nested
+    /// deeper than `maxDepth` are read as `.void` (a producer chooses the depth).
+    init(_ c: amqp_table_t, depth: Int = 0) {
         self.init()
         guard c.num_entries > 0, let entries = c.entries else { return }
         var out: [(String, FieldValue)] = []
         out.reserveCapacity(Int(c.num_entries))
         for i in 0..<Int(c.num_entries) {
-            out.append((entries[i].key.string, FieldValue(entries[i].value)))
+            out.append((entries[i].key.string, FieldValue(entries[i].value, depth: depth + 1)))
         }
         self.init(out)
     }
 }
 
 extension FieldValue {
-    init(_ c: amqp_field_value_t) {
+    init(_ c: amqp_field_value_t, depth: Int = 1) {
+        if depth > FieldTable.maxDepth, c.kind == kind(AMQP_FIELD_KIND_TABLE) || c.kind == kind(AMQP_FIELD_KIND_ARRAY) {
+            self = .void
+            return
+        }
         switch c.kind {
         case kind(AMQP_FIELD_KIND_UTF8): self = .string(c.value.bytes.string)
         case kind(AMQP_FIELD_KIND_BYTES): self = .bytes(c.value.bytes.data)
@@ -108,11 +113,11 @@ extension FieldValue {
         case kind(AMQP_FIELD_KIND_F64): self = .double(c.value.f64)
         case kind(AMQP_FIELD_KIND_DECIMAL): self = .decimal(decimals: c.value.decimal.decimals, value: c.value.decimal.value)
         case kind(AMQP_FIELD_KIND_TIMESTAMP): self = .timestamp(c.value.u64)
-        case kind(AMQP_FIELD_KIND_TABLE): self = .table(FieldTable(c.value.table))
+        case kind(AMQP_FIELD_KIND_TABLE): self = .table(FieldTable(c.value.table, depth: depth))
         case kind(AMQP_FIELD_KIND_ARRAY):
             let a = c.value.array
             if a.num_entries > 0, let entries = a.entries {
-                self = .array((0..<Int(a.num_entries)).map { FieldValue(entries[$0]) })
+                self = .array((0..<Int(a.num_entries)).map { FieldValue(entries[$0], depth: depth + 1) })
             } else {
                 self = .array([])
             }
