@@ -238,7 +238,8 @@ final class PusherService: Service {
         case .failure(let rejection):
             logger.info("dead-lettered", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
             metrics.deadLetters.increment(rejection.code.rawValue)
-            let letter = SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-pusher")
+            let letter = SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-pusher",
+                frameMax: client.configuration.connection.url.frameMax)
             await settle(d, after: letter)
         case .success(let r):
             let body = (try? JSONEncoder().encode(r)) ?? Data()

@@ -50,14 +50,36 @@ public enum SharedTopology {
     /// code, reason, service and routing key. Nothing else of the incoming
     /// message (user_id, expiration, reply_to, priority, …) is carried over:
     /// the broker would refuse another user's `user_id`, and act on `CC`.
-    public static func deadLetter(_ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String) -> OutboundMessage {
+    ///
+    /// The properties must fit one frame of `frameMax` bytes, as the incoming
+    /// message's did, with less room: copied headers are kept in order while
+    /// they fit in `frameMax - deadLetterReserve`, the rest are left out and
+    /// counted in `x-frontdesk-headers-dropped`. Without that, a message whose
+    /// headers nearly fill a frame would have a dead letter no broker takes,
+    /// and be retried forever.
+    public static func deadLetter(
+        _ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String,
+        frameMax: Int = AMQPURL.defaultFrameMax
+    ) -> OutboundMessage {
         let incoming = delivery.properties
-        var headers = FieldTable()
+        var kept: [(String, FieldValue)] = []
+        var room = frameMax - deadLetterReserve
+        var dropped: Int64 = 0
         for (key, value) in incoming.headers ?? FieldTable() where !routingHeaders.contains(key.uppercased()) {
-            headers[key] = value
+            let size = 1 &+ key.utf8.count &+ value.encodedSize
+            if size <= room {
+                kept.append((key, value))
+                room -= size
+            } else {
+                dropped += 1
+            }
         }
+        // Appended, not assigned one by one: assignment looks for the key, and
+        // a producer may send thousands of headers.
+        var headers = FieldTable(kept)
+        if dropped > 0 { headers["x-frontdesk-headers-dropped"] = .int64(dropped) }
         headers["x-frontdesk-error"] = .string(code.rawValue)
-        headers["x-frontdesk-reason"] = .string(reason)
+        headers["x-frontdesk-reason"] = .string(String(decoding: reason.utf8.prefix(maxReasonBytes), as: UTF8.self))
         headers["x-frontdesk-service"] = .string(service)
         headers["x-frontdesk-routing-key"] = .string(delivery.routingKey)
         let properties = AMQPProperties(
@@ -65,6 +87,12 @@ public enum SharedTopology {
             messageID: incoming.messageID, timestamp: incoming.timestamp, type: incoming.type)
         return OutboundMessage(exchange: deadLetterExchange, routingKey: delivery.routingKey, body: delivery.body, properties: properties)
     }
+
+    /// What a dead letter's properties may take beyond the copied headers:
+    /// the frame's own bytes, four short strings of ≤ 255 bytes, and the four
+    /// x-frontdesk headers (the routing key ≤ 255, the reason ≤ `maxReasonBytes`).
+    static let deadLetterReserve = 4096
+    static let maxReasonBytes = 1024
 
     /// Headers the broker itself acts on when routing (sender-selected
     /// distribution): never carried into a message the services publish.

@@ -72,6 +72,30 @@ extension BrokerIntegration {
             }
         }
 
+        /// Headers that nearly fill the frame: the dead letter cannot copy them
+        /// all and add its own four; it keeps what fits, says how many it left
+        /// out, and the router goes on (it used to retry the message forever).
+        @Test func aDeadLetterOfHeadersThatFillTheFrameKeepsWhatFits() async throws {
+            try await withHarness("full-frame") { h in
+                try await h.startRouter()
+                // 131,072-byte frames: 20 for the frame and class, the rest properties.
+                let headers: FieldTable = ["x-small": "kept", "x-fill": .string(String(repeating: "f", count: 130_900)), "x-last": 7]
+                try await h.publish("dispatch.request", "{not json", properties: AMQPProperties(headers: headers))
+                try await h.publish("dispatch.request", #"{"id":"after-full","input":"the agm agenda"}"#)
+                let dead = try await h.drain("frontdesk.dead", count: 1)
+                let got = try #require(dead.first?.properties.headers)
+                #expect(got["x-frontdesk-error"]?.stringValue == "invalid_json")
+                #expect(got["x-small"]?.stringValue == "kept")
+                #expect(got["x-last"] == .int64(7))
+                #expect(got["x-fill"] == nil)
+                #expect(got["x-frontdesk-headers-dropped"] == .int64(1))
+                #expect(dead.first?.body == Data("{not json".utf8))
+                // The next request is not held up behind it.
+                let events = try await h.events(until: "after-full", reaches: "routing")
+                #expect(events.last?["state"] as? String == "routing")
+            }
+        }
+
         @Test func unknownHintsFailWithoutGuessing() async throws {
             try await withHarness("hints") { h in
                 try await h.startRouter()

@@ -4,7 +4,8 @@ huge fields, invalid UTF-8, control characters, ids and hints with #, *, .
 and spaces, wrong versions, unknown routing keys, random bytes, bad cancels
 and reroutes, hostile AMQP properties and headers (extreme timestamps, the
 producer's own user_id, CC/BCC naming internal queues, expiration,
-priority, deeply nested tables, long and invalid-UTF-8 short strings), and
+priority, tables nested 15,000 deep, empty keys, headers that fill the frame, long and
+invalid-UTF-8 short strings), and
 malformed agent replies — interleaved with valid requests (with hostile
 properties too), against the real router, sender and an instant agent on
 the local broker. Checks: no service crashed;
@@ -26,6 +27,9 @@ import threading
 import time
 
 import pika
+
+# pika encodes nested tables by recursion; the fuzz sends some 15,000 deep.
+sys.setrecursionlimit(100_000)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -80,13 +84,33 @@ def hostile_properties(rng, mid, kind, user):
     for _ in range(rng.randrange(1, 40)):
         nested = {"n": nested, "list": [1, "two", {"deep": [nested.get("leaf", 0)]}]}
     headers = {rng.choice(["CC", "BCC", "cc"]): [rng.choice(["frontdesk.replies", "frontdesk.sender.inbox", "frontdesk.dead"])],
-               "x-nested": nested, "x-big": "h" * rng.choice([0, 255, 5000]), "x-num": rng.choice([-(2**63), 2**63 - 1, 0])}
-    return pika.BasicProperties(
+               "x-nested": nested, "x-big": "h" * rng.choice([0, 255, 5000]), "x-num": rng.choice([-(2**63), 2**63 - 1, 0]),
+               # An empty key is legal AMQP; rabbitmq-c's amqp_read_message refuses it.
+               "": {"": "empty keys"}}
+    shape = rng.random()
+    if shape < 0.05:
+        # Nested 15,000 deep (6 bytes a level): following it all overflows a reader's stack.
+        chain = {}
+        for _ in range(15_000):
+            chain = {"": chain}
+        headers["x-chain"] = chain
+    properties = pika.BasicProperties(
         message_id=mid, type=kind, delivery_mode=2, content_type="application/json",
         timestamp=rng.choice([0, 1, 2**63 - 1, 2**64 - 1]), user_id=user, headers=headers,
         expiration=rng.choice([None, "600000", "4294967295"]), priority=rng.choice([None, 0, 9, 255]),
         reply_to=rng.choice([None, "frontdesk.replies", "r" * 255]), correlation_id=rng.choice([None, "c" * 255]),
         app_id=rng.choice([None, b"caf\xc3\x28\xed\xa0\x80", "a" * 255]))
+    if 0.05 <= shape < 0.15:
+        # Headers that fill the frame but for a few bytes: a dead letter that
+        # copied them all and added its own four would fit no frame.
+        used = len(b"".join(properties.encode()))
+        headers["x-fill"] = "f" * (FRAME_MAX - FRAME_OVERHEAD - used - len("x-fill") - 6 - rng.randrange(0, 64))
+    return properties
+
+
+# pika's and the broker's frame size, and what a content header frame takes besides the properties.
+FRAME_MAX = 131_072
+FRAME_OVERHEAD = 7 + 12 + 1
 
 
 def bad_reply(rng, n):
@@ -196,8 +220,14 @@ def main():
                 expected_valid[rid] = (state, vcode)
                 # An agent's reply that is none: the sender dead-letters it with the reason.
                 rbody, rtype, rcode = bad_reply(rng, n)
-                channel.basic_publish("", "frontdesk.replies", rbody, pika.BasicProperties(
-                    message_id=f"reply-{n}", type=rtype, delivery_mode=2, content_type="application/json"))
+                rproperties = pika.BasicProperties(message_id=f"reply-{n}", type=rtype, delivery_mode=2, content_type="application/json")
+                if rng.random() < 0.3:
+                    rproperties = hostile_properties(rng, f"reply-{n}", rtype, user)
+                    # Not CC or BCC: on the default exchange they name queues, and the
+                    # broker itself would put a copy in frontdesk.dead or the replies.
+                    rproperties.headers = {k: v for k, v in rproperties.headers.items() if k.upper() not in ("CC", "BCC")}
+                    hostile += 1
+                channel.basic_publish("", "frontdesk.replies", rbody, rproperties)
                 expected_dead[f"reply-{n}"] = rcode
         connection.close()
         published = time.time() - started
@@ -244,7 +274,7 @@ def main():
         for code, (want, ok) in sorted(by_code.items()):
             print(f"  {code:20} {ok:6} / {want:6} dead-lettered with the right code, once")
         print(f"  {hostile} messages with hostile properties (timestamps up to 2^64-1, user_id, CC/BCC, expiration, "
-              f"priority, nested tables, long or invalid-UTF-8 strings); dead letters that kept a property they must not: {len(leaks)}")
+              f"priority, tables nested 15,000 deep, empty keys, headers filling the frame, long or invalid-UTF-8 strings); dead letters that kept a property they must not: {len(leaks)}")
         print(f"  valid requests: {tallies['replied']} replied, {tallies['failed']} failed (hints naming no target), "
               f"{tallies['lost']} without an end")
         print(f"  services still running: router {router.process.poll() is None}, sender {sender.process.poll() is None}")
