@@ -10,7 +10,12 @@ final class GatewayState: Sendable {
     fileprivate struct Subscriber {
         let stream: HTTPStream
         let user: String
-        var lastSeq: Int
+        /// The client's Last-Event-ID, or the last seq of the replay: a live
+        /// event at or below it is one the client has. Every event `take`
+        /// passes on is new to the book, so never written to this stream
+        /// before; one with a lower seq than the last written (on a cluster a
+        /// routing event can come after the sending one) is written too.
+        let after: Int
         /// What the replay queued: a live write may queue that much more
         /// than `HTTPStream.limit` before the client counts as not reading.
         var replayBytes: Int
@@ -96,15 +101,13 @@ final class GatewayState: Sendable {
                         sub.stream.write(Data(), end: true)
                         return nil
                     }
-                    guard e.seq > sub.lastSeq else { return sub }
+                    guard e.seq > sub.after else { return sub }
                     let open = sub.stream.write(frame, end: e.state.isTerminal, limit: sub.liveLimit)
                     guard open, !e.state.isTerminal else {
                         s.closed(sub)
                         return nil
                     }
-                    var next = sub
-                    next.lastSeq = e.seq
-                    return next
+                    return sub
                 }
                 s.subscribers[e.id] = subscribers.isEmpty ? nil : subscribers
             }
@@ -209,21 +212,19 @@ final class GatewayState: Sendable {
                 stream.write(Data(), end: true)
                 return
             }
-            var sent = lastSeq
             var replayed = ServerSentEvents.retry.count
             guard stream.write(ServerSentEvents.retry) else { return }
             for e in s.book.events(id, after: lastSeq) {
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: e.body)
                 guard stream.write(frame, end: e.state.isTerminal, limit: Int.max / 2) else { return }
                 replayed += frame.count
-                sent = e.seq
                 if e.state.isTerminal { return }
             }
             if s.book.isEnded(id) {  // resumed after the terminal event
                 stream.write(Data(), end: true)
                 return
             }
-            s.subscribers[id, default: []].append(Subscriber(stream: stream, user: user, lastSeq: sent, replayBytes: replayed))
+            s.subscribers[id, default: []].append(Subscriber(stream: stream, user: user, after: lastSeq, replayBytes: replayed))
             s.streams += 1
             s.streamsByUser[user, default: 0] += 1
             metrics.streams.set(Double(s.streams))

@@ -374,6 +374,37 @@ import Testing
         }
     }
 
+    /// On a cluster the router's routing event can reach the gateway after
+    /// the sender's sending one: an open stream writes it too, not only
+    /// events above the last seq it wrote.
+    @Test func anEventThatComesLateWithALowerSeqStillReachesTheStream() async throws {
+        try await withHarness("gw-late") { h in
+            let gw = try await h.startGateway()
+            func event(_ seq: Int, _ state: String) async throws {
+                let body = #"{"dispatchId":"late-1","seq":\#(seq),"state":"\#(state)","at":"2026-12-04T12:00:0\#(seq).000Z","user":"alice","input":"the agm agenda"}"#
+                try await h.channel.publish(
+                    exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.\(state)", body: Data(body.utf8),
+                    properties: .persistentJSON(messageID: "late-1/\(seq)", correlationID: "late-1", type: "frontdesk.status.v1"))
+            }
+            try await event(1, "drafted")
+            try await event(3, "sending")
+            try await waitUntil("the gateway to know late-1", within: .seconds(10)) {
+                (try? await gw.call("GET", "/v1/dispatches/late-1").status) == 200
+            }
+            let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/late-1/events", token: TestGateway.tokens["alice"])
+            try await waitUntil("the replay", within: .seconds(10)) { sse.events.count == 2 }
+            try await event(2, "routing")
+            try await event(4, "replied")
+            try await waitUntil("the stream to end", within: .seconds(10)) { sse.isClosed }
+            #expect(sse.events.map { $0.id ?? "?" } == ["1", "3", "2", "4"])
+            #expect(sse.events.map { $0.event ?? "?" } == ["drafted", "sending", "routing", "replied"])
+            // Resumed after 3 (the highest it saw): only the later ones, 4.
+            let resumed = try SSEClient(port: gw.port, path: "/v1/dispatches/late-1/events", token: TestGateway.tokens["alice"], lastEventID: "3")
+            try await waitUntil("the resumed stream to end", within: .seconds(10)) { resumed.isClosed }
+            #expect(resumed.events.map { $0.id ?? "?" } == ["4"])
+        }
+    }
+
     @Test func clientsThatHoldConnectionsOrReadNothingDelayNoOne() async throws {
         try await withHarness("gw-slow") { h in
             try await h.startRouter()
