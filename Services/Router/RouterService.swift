@@ -282,7 +282,7 @@ struct RouterService: Service {
             let partition = record.project.flatMap { p in record.target.map { t in RoutingTable.Route(project: p.id, target: t.id) } }
                 .map(configuration.senderPartitions.partition(of:)) ?? 0
             messages.append(OutboundMessage(
-                exchange: "", routingKey: SharedTopology.senderInbox(partition: partition), body: body,
+                exchange: SharedTopology.handOffExchange, routingKey: SharedTopology.senderInbox(partition: partition), body: body,
                 properties: .persistentJSON(messageID: "\(record.id)/handoff", correlationID: record.id, type: DispatchRecord.handoffType)
                     .stamped(by: configuration.login),
                 mandatory: true))
@@ -306,7 +306,7 @@ struct RouterService: Service {
     private func handOffs(_ command: SenderCommand) -> [OutboundMessage] {
         configuration.senderPartitions.all.map { k in
             OutboundMessage(
-                exchange: "", routingKey: SharedTopology.senderInbox(partition: k), body: command.jsonData(),
+                exchange: SharedTopology.handOffExchange, routingKey: SharedTopology.senderInbox(partition: k), body: command.jsonData(),
                 properties: .persistentJSON(messageID: "\(command.id)/\(command.type)", correlationID: command.id, type: command.type)
                     .stamped(by: configuration.login),
                 mandatory: true)

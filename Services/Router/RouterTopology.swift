@@ -21,7 +21,7 @@ enum RouterTopology {
         ])
         // The hand-off to the sender, one inbox per partition: routed dispatches, cancels and reroutes.
         for k in partitions.all {
-            try await channel.queueDeclare(SharedTopology.senderInbox(partition: k), arguments: ["x-queue-type": "quorum"])
+            try await SharedTopology.declareSenderInbox(partition: k, on: channel)
         }
     }
 }

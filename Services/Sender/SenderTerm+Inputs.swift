@@ -10,7 +10,7 @@ extension SenderTerm {
         let now = Date()
         switch input {
         case .inbox(let d):
-            guard handOffWriters.wrote(d) else { return try rejectForged(d, SenderTopology.inbox(partition), handOffWriters) }
+            guard d.exchange == SharedTopology.handOffExchange || handOffWriters.wrote(d) else { return try rejectForged(d, SenderTopology.inbox(partition), handOffWriters) }
             switch d.properties.type {
             case DispatchRecord.handoffType: try await handOff(d, now: now)
             case SenderCommand.cancelType, SenderCommand.rerouteType: try await command(d, now: now)
@@ -92,9 +92,9 @@ extension SenderTerm {
     }
 
     /// A message in an internal queue that neither service wrote (no
-    /// `user_id`, or another login's): someone published it there through
-    /// the default exchange — or FRONTDESK_ROUTER_USER is not the router's
-    /// login. Nothing acts on it; it is dead-lettered with the reason (so a
+    /// `user_id`, or another login's, and for an inbox not through
+    /// `frontdesk.sender.handoff`): someone published it there through the
+    /// default exchange. Nothing acts on it; it is dead-lettered with the reason (so a
     /// misconfiguration loses nothing silently), logged and counted.
     private func rejectForged(_ d: AMQPDelivery, _ queue: String, _ trusted: InternalWriters) throws {
         let writer = d.properties.userID.map { "'\($0.prefix(100))'" } ?? "none"

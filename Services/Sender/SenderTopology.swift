@@ -67,7 +67,7 @@ enum SenderTopology {
         try await SharedTopology.declare(on: channel)
         let quorum: FieldTable = ["x-queue-type": "quorum"]
         for k in partitions.all {
-            try await channel.queueDeclare(inbox(k), arguments: quorum)
+            try await SharedTopology.declareSenderInbox(partition: k, on: channel)
             try await channel.queueDeclare(replies(k), arguments: quorum)
             try await channel.queueDeclare(expired(k), arguments: quorum)
             try await channel.queueDeclare(retry(k), arguments: quorum)

@@ -22,6 +22,22 @@ public enum SharedTopology {
     /// partition `k` (declared by both). Quorum.
     public static func senderInbox(partition k: Int) -> String { "frontdesk.sender.inbox" + SenderPartitions.suffix(k) }
 
+    /// Where the router publishes hand-offs, cancels and reroutes: a direct
+    /// exchange bound to each inbox by the inbox's name. Like
+    /// `frontdesk.status`, only the services write to it, so the sender
+    /// trusts what comes through it whatever login the router runs as; what
+    /// reaches an inbox by the default exchange (which every agent may write
+    /// to) counts only with the sender's own or FRONTDESK_ROUTER_USER's
+    /// validated user_id.
+    public static let handOffExchange = "frontdesk.sender.handoff"
+
+    /// Partition `k`'s inbox and its binding (declared by both services).
+    public static func declareSenderInbox(partition k: Int, on channel: AMQPChannel) async throws {
+        try await channel.exchangeDeclare(handOffExchange, type: "direct")
+        try await channel.queueDeclare(senderInbox(partition: k), arguments: ["x-queue-type": "quorum"])
+        try await channel.queueBind(senderInbox(partition: k), exchange: handOffExchange, routingKey: senderInbox(partition: k))
+    }
+
     /// A target's task queue (CONTRACT.md): online while it has a consumer.
     public static func agentQueue(_ r: RoutingTable.Route) -> String { "frontdesk.agent.\(r.project).\(r.target)" }
     /// Where the sender keeps a target's dispatches while it is offline.

@@ -315,6 +315,38 @@ extension BrokerIntegration.UntrustedInputTests {
 }
 
 extension BrokerIntegration.UntrustedInputTests {
+    /// The router and the sender under logins of their own, with no
+    /// FRONTDESK_ROUTER_USER: hand-offs, cancels and reroutes come through
+    /// frontdesk.sender.handoff, which only the services write to, and count.
+    @Test func aRouterUnderAnotherLoginIsTrustedThroughTheHandOffExchange() async throws {
+        try await withHarness("logins") { h in
+            let login = "router-\(UUID().uuidString.prefix(6).lowercased())"
+            try RouterHarness.ctl(["add_user", login, "secret-\(login)"])
+            defer { try? RouterHarness.ctl(["delete_user", login]) }
+            try RouterHarness.ctl(["set_permissions", "-p", h.vhost, login, ".*", ".*", ".*"])
+            try await h.startRouter(extraEnvironment: ["AMQP_URL": "amqp://\(login):secret-\(login)@\(h.url.host):\(h.url.port)/\(h.vhost)"])
+            let sender = try await h.startSender()
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+            try await h.publish("dispatch.request", #"{"id":"login-1","input":"the agm agenda"}"#)
+            let events = try await h.events(untilEnded: "login-1")
+            #expect(events.last { $0["dispatchId"] as? String == "login-1" }?["state"] as? String == "replied")
+            await agent.stop()
+            // A cancel through the router reaches a dispatch held by a silent agent.
+            let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .silent)
+            try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+            try await h.publish("dispatch.request", #"{"id":"login-2","input":"the contract","project":"acme","target":"legal"}"#)
+            _ = try await h.events(until: "login-2", reaches: "sending")
+            try await h.publish("dispatch.cancel", #"{"id":"login-2","reason":"user"}"#)
+            let ended = try await h.events(untilEnded: "login-2")
+            #expect(ended.last { $0["dispatchId"] as? String == "login-2" }?["state"] as? String == "cancelled")
+            let rejected = try await h.metrics(sender).split(separator: "\n")
+                .first { $0.hasPrefix("frontdesk_sender_rejected_total{queue=\"frontdesk.sender.inbox\"}") }
+            #expect(rejected == nil || rejected?.hasSuffix(" 0") == true, "\(rejected ?? "")")
+            await silent.stop()
+        }
+    }
+
     /// Agents may publish to the default exchange (their replies go there),
     /// so they can put a message in any queue by name. Messages in the
     /// services' internal queues count only when a service wrote them.
