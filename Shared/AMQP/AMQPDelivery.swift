@@ -32,6 +32,10 @@ public struct AMQPDelivery: Sendable {
     public let redelivered: Bool
     public let deliveryTag: UInt64
     public let consumerTag: String
+    /// The largest frame the connection it came on carries, as negotiated
+    /// with the broker: its properties fit in one, and so must those of a
+    /// message made from it (a dead letter keeping its headers).
+    public let frameMax: Int
     let acknowledger: DeliveryAcknowledger
 
     /// Queues basic.ack; throws only when the connection has ended.

@@ -94,8 +94,10 @@ public struct ReturnedMessage: Sendable {
 extension OutboundMessage {
     /// What makes this message one AMQP cannot carry (a short string, which
     /// names and most properties are, holds at most 255 bytes), or nil.
-    /// Headers are not checked here: over plain TCP a whole window is encoded
-    /// before anything is written, and a message that fails is refused alone.
+    /// Header values are not checked here: over plain TCP a whole window is
+    /// encoded before anything is written, and a message that fails is
+    /// refused alone. Header keys are: rabbitmq-c writes a longer key's length
+    /// cut to one byte, and the broker would read a corrupt frame.
     var amqpCannotCarry: String? {
         let p = properties
         let shortStrings: [(String, String?)] = [
@@ -107,6 +109,18 @@ extension OutboundMessage {
         for (name, value) in shortStrings {
             if let value, value.utf8.count > 255 { return "its \(name) is \(value.utf8.count) bytes (at most 255)" }
         }
+        if let headers = p.headers, !headers.keysFit { return "a header key is over 255 bytes" }
         return nil
+    }
+}
+
+extension String {
+    /// The longest start of the string of at most `maxBytes` bytes of UTF-8
+    /// that ends between two scalars (the whole string if it fits).
+    public func utf8Prefix(_ maxBytes: Int) -> String {
+        guard utf8.count > maxBytes else { return self }
+        var end = utf8.index(utf8.startIndex, offsetBy: max(0, maxBytes))
+        while end > utf8.startIndex, UTF8.isContinuation(utf8[end]) { end = utf8.index(before: end) }
+        return String(decoding: utf8[..<end], as: UTF8.self)
     }
 }

@@ -109,6 +109,13 @@ extension FieldTable {
     public var encodedSize: Int {
         entries.reduce(4) { $0 &+ 1 &+ $1.key.utf8.count &+ $1.value.encodedSize }
     }
+
+    /// True when every key, in nested tables too, is a short string AMQP
+    /// can carry (at most 255 bytes). A key read from the wire can be longer:
+    /// each byte that is not UTF-8 reads as U+FFFD, three bytes.
+    public var keysFit: Bool {
+        entries.allSatisfy { $0.key.utf8.count <= 255 && $0.value.keysFit }
+    }
 }
 
 extension FieldValue {
@@ -125,6 +132,15 @@ extension FieldValue {
         case .table(let t): 1 &+ t.encodedSize
         case .array(let items): items.reduce(5) { $0 &+ $1.encodedSize }
         case .void: 1
+        }
+    }
+
+    /// True when no table inside this value has a key over 255 bytes.
+    public var keysFit: Bool {
+        switch self {
+        case .table(let t): t.keysFit
+        case .array(let items): items.allSatisfy(\.keysFit)
+        default: true
         }
     }
 }

@@ -99,6 +99,43 @@ struct FieldTableLimitsTests {
         }
     }
 
+    /// A key read from the wire can be longer than AMQP carries: each byte
+    /// that is not UTF-8 reads as U+FFFD, three bytes. Such a table is caught
+    /// before rabbitmq-c would write its length cut to one byte.
+    @Test func keysThatGrowWhenReadAreCaught() {
+        let raw = [UInt8](repeating: 0xFF, count: 255)
+        let table = raw.withUnsafeBufferPointer { k in
+            var v = amqp_field_value_t()
+            v.kind = UInt8(truncatingIfNeeded: AMQP_FIELD_KIND_BOOLEAN.rawValue)
+            v.value.boolean = 1
+            var entry = amqp_table_entry_t(key: amqp_bytes_t(len: 255, bytes: UnsafeMutableRawPointer(mutating: k.baseAddress)), value: v)
+            return withUnsafeMutablePointer(to: &entry) { FieldTable(amqp_table_t(num_entries: 1, entries: $0)) }
+        }
+        #expect(table.entries.first?.key.utf8.count == 765)
+        #expect(!table.keysFit)
+        let outer: FieldTable = ["outer": .array([.int8(1), .table(table)])]
+        #expect(!outer.keysFit)
+        let message = OutboundMessage(exchange: "", routingKey: "q", body: Data(), properties: AMQPProperties(headers: table))
+        #expect(message.amqpCannotCarry == "a header key is over 255 bytes")
+        // 127 × "é" is 254 bytes, 128 × is 256.
+        let fits: FieldTable = ["k": .table([String(repeating: "é", count: 127): 1])]
+        let over: FieldTable = ["k": .table([String(repeating: "é", count: 128): 1])]
+        #expect(fits.keysFit)
+        #expect(!over.keysFit)
+        #expect(OutboundMessage(exchange: "", routingKey: "q", body: Data(), properties: AMQPProperties(headers: ["k": "v"])).amqpCannotCarry == nil)
+    }
+
+    @Test func aUTF8PrefixEndsBetweenScalars() {
+        #expect("abc".utf8Prefix(5) == "abc")
+        #expect("abc".utf8Prefix(0) == "")
+        #expect("aé".utf8Prefix(2) == "a")
+        #expect("é".utf8Prefix(1) == "")
+        #expect("👍🏽x".utf8Prefix(5) == "👍")  // 4 + 4 + 1 bytes; the skin tone is a scalar of its own
+        let replaced = String(repeating: "\u{FFFD}", count: 255)  // 765 bytes
+        #expect(replaced.utf8Prefix(255) == String(repeating: "\u{FFFD}", count: 85))
+        #expect(replaced.utf8Prefix(256).utf8.count == 255)
+    }
+
     /// A producer may nest tables and arrays as deep as a frame allows
     /// (~26,000 levels); past `maxDepth` they are read as `.void`, so
     /// reading them never follows the producer down the stack.

@@ -91,6 +91,39 @@ struct PublishConsumeTests {
         await connection.close()
     }
 
+    /// A header key over 255 bytes (nested too) cannot be a short string:
+    /// rabbitmq-c would write its length cut to one byte and the broker read
+    /// a corrupt frame. That message alone is refused; the rest of its window
+    /// arrives and the connection stays up.
+    @Test func aHeaderKeyLongerThanAShortStringIsRefusedAlone() async throws {
+        let connection = try await TestBroker.connect("long-key")
+        let channel = try await connection.openChannel()
+        let queue = TestBroker.uniqueName("long-key")
+        try await channel.queueDeclare(queue, durable: false, autoDelete: false)
+        try await channel.confirmSelect()
+        let long = String(repeating: "k", count: 256)
+        let good = OutboundMessage(exchange: "", routingKey: queue, body: Data("good".utf8), properties: AMQPProperties(headers: ["k": 1]))
+        let top = OutboundMessage(exchange: "", routingKey: queue, body: Data("top".utf8), properties: AMQPProperties(headers: [long: 1]))
+        let nested = OutboundMessage(
+            exchange: "", routingKey: queue, body: Data("nested".utf8), properties: AMQPProperties(headers: ["n": .array([.table([long: 1])])]))
+        let results = try await channel.publish([good, top, good, nested, good])
+        for i in [0, 2, 4] { #expect((try? results[i].get()) != nil) }
+        for i in [1, 3] {
+            guard case .failure(let error) = results[i] else {
+                Issue.record("message \(i) with a 256-byte key was published")
+                continue
+            }
+            #expect(error.code == .invalidMessage)
+        }
+        let consumer = try await channel.consume(queue: queue)
+        let deliveries = try await consumer.first(3, timeout: .seconds(10))
+        #expect(deliveries.map(\.body) == Array(repeating: Data("good".utf8), count: 3))
+        try deliveries.last?.ack(multiple: true)
+        #expect(connection.isOpen)
+        #expect(try await channel.queueDelete(queue) == 0)
+        await connection.close()
+    }
+
     @Test func unroutableMandatoryMessageIsReturnedToThePublisher() async throws {
         let connection = try await TestBroker.connect("return")
         let channel = try await connection.openChannel()

@@ -147,7 +147,7 @@ extension ConnectionLoop {
         }
         let delivery = AMQPDelivery(
             body: body, properties: properties, exchange: exchange, routingKey: routingKey,
-            redelivered: redelivered, deliveryTag: deliveryTag, consumerTag: consumerTag,
+            redelivered: redelivered, deliveryTag: deliveryTag, consumerTag: consumerTag, frameMax: frameMax,
             acknowledger: DeliveryAcknowledger(core: core, channel: channelID, epoch: ch.epoch))
         sink.deliver(delivery)
     }

@@ -106,22 +106,32 @@ extension ConnectionLoop {
                 .bindMemory(to: amqp_basic_properties_t.self, capacity: messages.count)
             var window: [fd_publish_t] = []
             window.reserveCapacity(messages.count)
+            // Empty (no allocation) unless a message cannot be encoded.
+            var refused: Set<Int> = []
             for (i, message) in messages.enumerated() {
-                (properties + i).initialize(to: arena.properties(message.properties))
+                // rabbitmq-c writes a table key's length as one byte whatever
+                // it is: a longer key would corrupt the frame, not fail.
+                if let headers = message.properties.headers, !headers.keysFit {
+                    refused.insert(i)
+                    batch.resolve(i, .failure(cannotCarry(message, status: nil)))
+                    continue
+                }
+                let p = properties + window.count
+                p.initialize(to: arena.properties(message.properties))
                 window.append(fd_publish_t(
                     exchange: arena.bytes(message.exchange), routing_key: arena.bytes(message.routingKey),
-                    mandatory: flag(message.mandatory), properties: properties + i, body: arena.bytes(message.body)))
+                    mandatory: flag(message.mandatory), properties: p, body: arena.bytes(message.body)))
             }
             // Written with the turn's other output (flushOutput): the
             // confirms are tracked from here, and a failed write fails them.
-            // Empty (no allocation) unless the window failed to encode.
-            var refused: Set<Int> = []
             let rc = fd_amqp_append_publishes(conn, ch.id, window, window.count, output)
             if rc != AMQP_STATUS_OK.rawValue {
                 // Nothing of the window is in the buffer: refuse what AMQP
                 // cannot carry, one message at a time, and write the rest.
-                for i in window.indices {
-                    let one = withUnsafePointer(to: window[i]) { fd_amqp_append_publishes(conn, ch.id, $0, 1, output) }
+                // The window holds the messages not refused above, in order.
+                let indices = messages.indices.filter { !refused.contains($0) }
+                for (w, i) in indices.enumerated() {
+                    let one = withUnsafePointer(to: window[w]) { fd_amqp_append_publishes(conn, ch.id, $0, 1, output) }
                     guard one != AMQP_STATUS_OK.rawValue else { continue }
                     refused.insert(i)
                     batch.resolve(i, .failure(one == AMQP_STATUS_NO_MEMORY.rawValue

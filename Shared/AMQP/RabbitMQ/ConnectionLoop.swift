@@ -10,6 +10,8 @@ final class ConnectionLoop {
     let core: ConnectionCore
     let conn: amqp_connection_state_t
     let heartbeatSeconds: Int
+    /// The frame size negotiated at tune (0, no limit, is read as the default).
+    let frameMax: Int
     let channelMax: Int
     /// Plain TCP: publish windows and acknowledgements are encoded into
     /// `output` and written once a turn of the loop (`flushOutput`); over TLS
@@ -54,6 +56,8 @@ final class ConnectionLoop {
         self.republishAfter = republishAfter
         self.conn = conn
         self.heartbeatSeconds = heartbeatSeconds
+        let frame = Int(amqp_get_frame_max(conn))
+        frameMax = frame == 0 ? AMQPURL.defaultFrameMax : frame
         let max = Int(amqp_get_channel_max(conn))
         channelMax = max == 0 ? 65535 : max
     }
@@ -235,6 +239,7 @@ final class ConnectionLoop {
         }
         ch.fail(AMQPError(.channelClosed, "channel \(ch.id) was closed"))
         channels[ch.id] = nil
+        arriving[ch.id] = nil  // a message half arrived on it is the broker's again
     }
 
     // MARK: - Errors
@@ -275,6 +280,7 @@ final class ConnectionLoop {
         }
         ch.fail(error)
         channels[ch.id] = nil
+        arriving[ch.id] = nil  // a message half arrived on it is the broker's again
     }
 
     func brokerClosedConnection(code: UInt16, text: String, context: String) -> AMQPError {
