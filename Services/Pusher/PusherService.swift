@@ -238,8 +238,7 @@ final class PusherService: Service {
         case .failure(let rejection):
             logger.info("dead-lettered", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
             metrics.deadLetters.increment(rejection.code.rawValue)
-            let letter = SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-pusher",
-                frameMax: client.configuration.connection.url.frameMax)
+            let letter = SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-pusher")
             await settle(d, after: letter)
         case .success(let r):
             let body = (try? JSONEncoder().encode(r)) ?? Data()

@@ -314,7 +314,7 @@ struct RouterService: Service {
     }
 
     private func deadLetterMessage(_ delivery: AMQPDelivery, _ code: DeadLetterCode, _ reason: String) -> OutboundMessage {
-        SharedTopology.deadLetter(delivery, code: code, reason: reason, service: "frontdesk-router", frameMax: configuration.amqp.url.frameMax)
+        SharedTopology.deadLetter(delivery, code: code, reason: reason, service: "frontdesk-router")
     }
 }
 

@@ -65,8 +65,7 @@ extension SenderTerm {
             case .failure(let rejection):
                 logger.info("dead-lettered a reply", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
                 metrics.deadLetters.increment(rejection.code.rawValue)
-                pendingMessages.append(SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-sender",
-                    frameMax: connection.configuration.url.frameMax))
+                pendingMessages.append(SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-sender"))
             }
             pendingAcks.append(d)  // after the events (or the dead letter) it caused are confirmed
         case .tick:
@@ -106,7 +105,7 @@ extension SenderTerm {
         pendingMessages.append(SharedTopology.deadLetter(
             d, code: .invalidRequest,
             reason: "\(queue) takes only messages the services wrote; this one's user_id is \(writer) (trusted: \(trusted.logins.sorted().joined(separator: ", ")))",
-            service: "frontdesk-sender", frameMax: connection.configuration.url.frameMax))
+            service: "frontdesk-sender"))
         pendingAcks.append(d)  // once the dead letter is confirmed
     }
 

@@ -67,23 +67,26 @@ public enum SharedTopology {
     /// message (user_id, expiration, reply_to, priority, …) is carried over:
     /// the broker would refuse another user's `user_id`, and act on `CC`.
     ///
-    /// The properties must fit one frame of `frameMax` bytes, as the incoming
-    /// message's did, with less room: copied headers are kept in order while
-    /// they fit in `frameMax - deadLetterReserve`, the rest are left out and
-    /// counted in `x-frontdesk-headers-dropped`. Without that, a message whose
-    /// headers nearly fill a frame would have a dead letter no broker takes,
-    /// and be retried forever.
+    /// The properties must fit one frame, as the incoming message's did
+    /// (`frameMax`, the delivery's connection's), with less room: copied
+    /// headers are kept in order while they fit in `frameMax -
+    /// deadLetterReserve`, the rest are left out and counted in
+    /// `x-frontdesk-headers-dropped`. Without that, a message whose headers
+    /// nearly fill a frame would have a dead letter no broker takes, and be
+    /// retried forever. For the same reason what was read longer than AMQP
+    /// carries (bytes that are not UTF-8 read as U+FFFD, three bytes each) is
+    /// cut: short strings to 255 bytes; a header with a longer key in it is
+    /// left out.
     public static func deadLetter(
-        _ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String,
-        frameMax: Int = AMQPURL.defaultFrameMax
+        _ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String, frameMax: Int? = nil
     ) -> OutboundMessage {
         let incoming = delivery.properties
         var kept: [(String, FieldValue)] = []
-        var room = frameMax - deadLetterReserve
+        var room = (frameMax ?? delivery.frameMax) - deadLetterReserve
         var dropped: Int64 = 0
         for (key, value) in incoming.headers ?? FieldTable() where !routingHeaders.contains(key.uppercased()) {
             let size = 1 &+ key.utf8.count &+ value.encodedSize
-            if size <= room {
+            if size <= room, key.utf8.count <= 255, value.keysFit {
                 kept.append((key, value))
                 room -= size
             } else {
@@ -95,13 +98,15 @@ public enum SharedTopology {
         var headers = FieldTable(kept)
         if dropped > 0 { headers["x-frontdesk-headers-dropped"] = .int64(dropped) }
         headers["x-frontdesk-error"] = .string(code.rawValue)
-        headers["x-frontdesk-reason"] = .string(String(decoding: reason.utf8.prefix(maxReasonBytes), as: UTF8.self))
+        headers["x-frontdesk-reason"] = .string(reason.utf8Prefix(maxReasonBytes))
         headers["x-frontdesk-service"] = .string(service)
         headers["x-frontdesk-routing-key"] = .string(delivery.routingKey)
         let properties = AMQPProperties(
-            contentType: incoming.contentType, headers: headers, deliveryMode: 2, correlationID: incoming.correlationID,
-            messageID: incoming.messageID, timestamp: incoming.timestamp, type: incoming.type)
-        return OutboundMessage(exchange: deadLetterExchange, routingKey: delivery.routingKey, body: delivery.body, properties: properties)
+            contentType: incoming.contentType?.utf8Prefix(255), headers: headers, deliveryMode: 2,
+            correlationID: incoming.correlationID?.utf8Prefix(255), messageID: incoming.messageID?.utf8Prefix(255),
+            timestamp: incoming.timestamp, type: incoming.type?.utf8Prefix(255))
+        return OutboundMessage(
+            exchange: deadLetterExchange, routingKey: delivery.routingKey.utf8Prefix(255), body: delivery.body, properties: properties)
     }
 
     /// What a dead letter's properties may take beyond the copied headers:

@@ -86,7 +86,10 @@ def hostile_properties(rng, mid, kind, user):
     headers = {rng.choice(["CC", "BCC", "cc"]): [rng.choice(["frontdesk.replies", "frontdesk.sender.inbox", "frontdesk.dead"])],
                "x-nested": nested, "x-big": "h" * rng.choice([0, 255, 5000]), "x-num": rng.choice([-(2**63), 2**63 - 1, 0]),
                # An empty key is legal AMQP; rabbitmq-c's amqp_read_message refuses it.
-               "": {"": "empty keys"}}
+               "": {"": "empty keys"},
+               # Not UTF-8: read as U+FFFD, three bytes a byte, the key is
+               # 765 bytes, past what a short string carries.
+               b"\xff" * 255: {b"\xfe" * 200: "keys that grow when read"}}
     shape = rng.random()
     if shape < 0.05:
         # Nested 15,000 deep (6 bytes a level): following it all overflows a reader's stack.
@@ -98,7 +101,7 @@ def hostile_properties(rng, mid, kind, user):
         message_id=mid, type=kind, delivery_mode=2, content_type="application/json",
         timestamp=rng.choice([0, 1, 2**63 - 1, 2**64 - 1]), user_id=user, headers=headers,
         expiration=rng.choice([None, "600000", "4294967295"]), priority=rng.choice([None, 0, 9, 255]),
-        reply_to=rng.choice([None, "frontdesk.replies", "r" * 255]), correlation_id=rng.choice([None, "c" * 255]),
+        reply_to=rng.choice([None, "frontdesk.replies", "r" * 255]), correlation_id=rng.choice([None, "c" * 255, b"\xff" * 255]),
         app_id=rng.choice([None, b"caf\xc3\x28\xed\xa0\x80", "a" * 255]))
     if 0.05 <= shape < 0.15:
         # Headers that fill the frame but for a few bytes: a dead letter that
