@@ -10,11 +10,13 @@ final class GatewayState: Sendable {
     fileprivate struct Subscriber {
         let stream: HTTPStream
         let user: String
-        /// The client's Last-Event-ID, or the last seq of the replay: a live
-        /// event at or below it is one the client has. Every event `take`
-        /// passes on is new to the book, so never written to this stream
-        /// before; one with a lower seq than the last written (on a cluster a
-        /// routing event can come after the sending one) is written too.
+        /// The client's Last-Event-ID (0 without one): a live event at or
+        /// below it is one the client has. Every event `take` passes on is
+        /// new to the book, so never written to this stream before; one with
+        /// a lower seq than the last written (on a cluster a routing event can
+        /// come after the sending one) is written too, and the client's
+        /// Last-Event-ID then goes back to it: a reconnect replays the events
+        /// above it again, each still once per stream.
         let after: Int
         /// What the replay queued: a live write may queue that much more
         /// than `HTTPStream.limit` before the client counts as not reading.
