@@ -96,7 +96,8 @@ public enum SharedTopology {
         // Appended, not assigned one by one: assignment looks for the key, and
         // a producer may send thousands of headers.
         var headers = FieldTable(kept)
-        if dropped > 0 { headers["x-frontdesk-headers-dropped"] = .int64(dropped) }
+        // The service's own count, never a producer's header of that name.
+        headers["x-frontdesk-headers-dropped"] = dropped > 0 ? .int64(dropped) : nil
         headers["x-frontdesk-error"] = .string(code.rawValue)
         headers["x-frontdesk-reason"] = .string(reason.utf8Prefix(maxReasonBytes))
         headers["x-frontdesk-service"] = .string(service)

@@ -93,6 +93,13 @@ extension BrokerIntegration {
                 // The next request is not held up behind it.
                 let events = try await h.events(until: "after-full", reaches: "routing")
                 #expect(events.last?["state"] as? String == "routing")
+                // A producer's headers of the services' own names are not taken for theirs.
+                let forged: FieldTable = ["x-frontdesk-headers-dropped": 99, "x-frontdesk-error": "forged", "x-mine": 1]
+                try await h.publish("dispatch.request", "{forged", properties: AMQPProperties(headers: forged))
+                let second = try #require(try await h.drain("frontdesk.dead", count: 1).first?.properties.headers)
+                #expect(second["x-frontdesk-error"]?.stringValue == "invalid_json")
+                #expect(second["x-frontdesk-headers-dropped"] == nil)
+                #expect(second["x-mine"] == .int64(1))
             }
         }
 
