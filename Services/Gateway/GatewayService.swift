@@ -24,6 +24,8 @@ final class GatewayService: Service {
         var maxBookBytes = 512 << 20
         /// Open event streams one user may hold: more answer 429.
         var maxStreamsPerUser = GatewayState.defaultMaxStreamsPerUser
+        /// What one stream's replay queues before it ends for the client to resume.
+        var maxReplayBytes = GatewayState.defaultMaxReplayBytes
     }
 
     let client: AMQPClient
@@ -43,7 +45,8 @@ final class GatewayService: Service {
         self.settings = settings
         self.logger = logger
         self.state = GatewayState(
-            metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser, postedFor: TimeInterval(settings.lifetimeSeconds))
+            metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser, maxReplayBytes: settings.maxReplayBytes,
+            postedFor: TimeInterval(settings.lifetimeSeconds))
         self.page = page
         self.presence = Presence(client: client, table: settings.table)
         (stopStream, stopSignal) = AsyncStream<Void>.makeStream()

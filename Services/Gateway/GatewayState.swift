@@ -65,10 +65,17 @@ final class GatewayState: Sendable {
 
     /// Open event streams one user may hold.
     let maxStreamsPerUser: Int
+    /// What one stream's replay queues at most before it ends the stream (see `subscribe`).
+    let maxReplayBytes: Int
+    static let defaultMaxReplayBytes = 4 << 20
 
-    init(metrics: GatewayMetrics, maxStreamsPerUser: Int = GatewayState.defaultMaxStreamsPerUser, postedFor: TimeInterval = 14_400) {
+    init(
+        metrics: GatewayMetrics, maxStreamsPerUser: Int = GatewayState.defaultMaxStreamsPerUser,
+        maxReplayBytes: Int = GatewayState.defaultMaxReplayBytes, postedFor: TimeInterval = 14_400
+    ) {
         self.metrics = metrics
         self.maxStreamsPerUser = maxStreamsPerUser
+        self.maxReplayBytes = maxReplayBytes
         self.postedFor = postedFor
     }
 
@@ -205,8 +212,13 @@ final class GatewayState: Sendable {
 
     /// Opens an event stream for `user`'s dispatch: the events after
     /// `lastSeq` now, the later ones as they come; ended after the terminal
-    /// event. The replay may queue all of the history (it is bounded by the
-    /// event book); a live event, at most `HTTPStream.limit` more.
+    /// event. A live event may queue at most `HTTPStream.limit` more. The
+    /// replay queues at most `maxReplayBytes` (and the event that crosses
+    /// it): with more history left, the stream ends there, after a whole
+    /// event, and the client resumes with that event's id as Last-Event-ID
+    /// (an EventSource does by itself, after the `retry` interval). An agent
+    /// sets the pace of a dispatch's events; without the bound a long
+    /// history was queued whole once for every stream opened on it.
     func subscribe(_ id: String, user: String, after lastSeq: Int, stream: HTTPStream) {
         state.withLock { s in
             let postedHere = !s.book.knows(id) && s.posted[id]?.user == user  // its first event decides (see take)
@@ -216,11 +228,17 @@ final class GatewayState: Sendable {
             }
             var replayed = ServerSentEvents.retry.count
             guard stream.write(ServerSentEvents.retry) else { return }
-            for e in s.book.events(id, after: lastSeq) {
+            let history = s.book.events(id, after: lastSeq)
+            for (i, e) in history.enumerated() {
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: e.body)
-                guard stream.write(frame, end: e.state.isTerminal, limit: Int.max / 2) else { return }
+                let more = i + 1 < history.count
+                let cut = more && replayed + frame.count >= maxReplayBytes
+                guard stream.write(frame, end: e.state.isTerminal || cut, limit: Int.max / 2) else { return }
                 replayed += frame.count
-                if e.state.isTerminal { return }
+                if e.state.isTerminal || cut {
+                    if cut { metrics.replaysCut.increment() }
+                    return
+                }
             }
             if s.book.isEnded(id) {  // resumed after the terminal event
                 stream.write(Data(), end: true)
@@ -284,6 +302,8 @@ struct GatewayMetrics: Sendable {
     let dispatches: Gauge
     let events: Counter
     let published: Counter
+    /// Replays that ended their stream at `maxReplayBytes`, for the client to resume.
+    let replaysCut: Counter
     /// From an event's `at` to the gateway taking it (the first of its two copies).
     let eventDelay: Histogram
 
@@ -295,5 +315,7 @@ struct GatewayMetrics: Sendable {
         eventDelay = registry.histogram(
             "frontdesk_gateway_event_delay_seconds", "from a status event's at to the gateway reading it", buckets: Histogram.latencyBuckets)
         published = registry.counter("frontdesk_gateway_published_total", "commands published, by routing key", labels: ["key"])
+        replaysCut = registry.counter(
+            "frontdesk_gateway_replays_cut_total", "event streams ended at the replay limit, for the client to resume with Last-Event-ID")
     }
 }

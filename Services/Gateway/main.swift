@@ -16,6 +16,9 @@ let (configuration, values) = ServiceBootstrap.configurationOrExit(
         .init(
             "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: "\(GatewayState.defaultMaxStreamsPerUser)",
             help: "open event streams one user may hold (more answer 429)"),
+        .init(
+            "FRONTDESK_GATEWAY_REPLAY_BYTES", default: "\(GatewayState.defaultMaxReplayBytes)",
+            help: "bytes of history one event stream replays before it ends for the client to resume with Last-Event-ID"),
     ])
 let table = ServiceBootstrap.routingTableOrExit(configuration)
 
@@ -26,10 +29,12 @@ func exitWithUsage(_ message: String) -> Never {
 
 let port: Int
 let streamsPerUser: Int
+let replayBytes: Int
 do {
     port = try values.int("FRONTDESK_GATEWAY_PORT", default: 8080, in: 0...65535)
     streamsPerUser = try values.int(
         "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: GatewayState.defaultMaxStreamsPerUser, in: 1...Int(HTTPServer.maxConnections))
+    replayBytes = try values.int("FRONTDESK_GATEWAY_REPLAY_BYTES", default: GatewayState.defaultMaxReplayBytes, in: 1024...(1 << 30))
 } catch {
     exitWithUsage(error.message)
 }
@@ -75,7 +80,7 @@ let gateway = GatewayService(
     client: bootstrap.client,
     settings: .init(
         tokens: tokens, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue,
-        maxStreamsPerUser: streamsPerUser),
+        maxStreamsPerUser: streamsPerUser, maxReplayBytes: replayBytes),
     logger: bootstrap.logger, metrics: bootstrap.metrics, page: page)
 
 let api: AsyncHTTPServer

@@ -405,6 +405,46 @@ import Testing
         }
     }
 
+    /// A long history is replayed in parts: the stream ends after
+    /// FRONTDESK_GATEWAY_REPLAY_BYTES and a client resuming with the last id
+    /// it got gets the next part, until the terminal event; every event
+    /// once, in order. (An agent sets the pace of a dispatch's events.)
+    @Test func aLongHistoryIsReplayedInPartsThatResume() async throws {
+        try await withHarness("gw-replay-parts") { h in
+            let gw = try await h.startGateway(extraEnvironment: ["FRONTDESK_GATEWAY_REPLAY_BYTES": "2048"])
+            let padding = String(repeating: "p", count: 300)
+            let count = 40
+            for seq in 1...count {
+                let state = seq == 1 ? "drafted" : seq == 2 ? "routing" : seq == count ? "replied" : "sending"
+                let body = #"{"dispatchId":"long-1","seq":\#(seq),"state":"\#(state)","at":"2026-12-04T12:00:00.000Z","user":"alice","input":"\#(padding)"}"#
+                try await h.channel.publish(
+                    exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.\(state)", body: Data(body.utf8),
+                    properties: .persistentJSON(messageID: "long-1/\(seq)", correlationID: "long-1", type: "frontdesk.status.v1"))
+            }
+            try await waitUntil("the gateway to know all of long-1", within: .seconds(10)) {
+                (try? await gw.call("GET", "/v1/dispatches/long-1").body["seq"] as? Int) == count
+            }
+            var seen: [Int] = []
+            var parts = 0
+            var last: String?
+            while seen.last != count, parts < 3 * count {
+                let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/long-1/events", token: TestGateway.tokens["alice"], lastEventID: last)
+                try await waitUntil("part \(parts + 1) to end", within: .seconds(10)) { sse.isClosed }
+                #expect(sse.status == 200)
+                let ids = sse.events.compactMap { Int($0.id ?? "") }
+                #expect(!ids.isEmpty && sse.text.utf8.count < 2048 + 1024, "a part is about the limit: \(sse.text.utf8.count) bytes")
+                if ids.last != count { #expect(sse.events.last?.event == "sending" || sse.events.last?.event == "routing") }
+                seen += ids
+                last = ids.last.map(String.init) ?? last
+                parts += 1
+            }
+            #expect(seen == Array(1...count), "every event once, in order: \(seen)")
+            #expect(parts >= 5, "40 events of ~400 bytes in parts of 2 KiB: \(parts)")
+            let metrics = try await h.metrics(gw.process)
+            #expect(metrics.contains("frontdesk_gateway_replays_cut_total \(parts - 1)"))
+        }
+    }
+
     @Test func clientsThatHoldConnectionsOrReadNothingDelayNoOne() async throws {
         try await withHarness("gw-slow") { h in
             try await h.startRouter()
