@@ -229,9 +229,10 @@ final class GatewayState: Sendable {
             var replayed = ServerSentEvents.retry.count
             guard stream.write(ServerSentEvents.retry) else { return }
             let history = s.book.events(id, after: lastSeq)
-            for (i, e) in history.enumerated() {
+            for i in history.indices {
+                let e = history[i]
                 let frame = ServerSentEvents.frame(seq: e.seq, state: e.state.rawValue, data: e.body)
-                let more = i + 1 < history.count
+                let more = i + 1 < history.endIndex
                 let cut = more && replayed + frame.count >= maxReplayBytes
                 guard stream.write(frame, end: e.state.isTerminal || cut, limit: Int.max / 2) else { return }
                 replayed += frame.count

@@ -82,9 +82,11 @@ public struct EventBook: Sendable {
 
     public func latest(_ id: String) -> Event? { entries[id]?.events.last }
 
-    public func events(_ id: String, after seq: Int) -> [Event] {
+    /// The events after `seq`, in seq order: a view of the book's own, not a
+    /// copy (a replay in parts looks at a long history once per part).
+    public func events(_ id: String, after seq: Int) -> ArraySlice<Event> {
         guard let events = entries[id]?.events else { return [] }
-        return Array(events[events.start(after: seq)...])
+        return events[events.start(after: seq)...]
     }
 
     public func isEnded(_ id: String) -> Bool { entries[id]?.terminal ?? false }
