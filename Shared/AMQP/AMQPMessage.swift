@@ -107,9 +107,11 @@ extension OutboundMessage {
             ("app id", p.appID),
         ]
         for (name, value) in shortStrings {
-            if let value, value.utf8.count > 255 { return "its \(name) is \(value.utf8.count) bytes (at most 255)" }
+            if let value, value.utf8.count > FieldTable.maxShortStringBytes {
+                return "its \(name) is \(value.utf8.count) bytes (at most \(FieldTable.maxShortStringBytes))"
+            }
         }
-        if let headers = p.headers, !headers.keysFit { return "a header key is over 255 bytes" }
+        if let headers = p.headers, !headers.keysFit { return "a header key is over \(FieldTable.maxShortStringBytes) bytes" }
         return nil
     }
 }

@@ -104,6 +104,9 @@ extension FieldTable {
     /// following them all would overflow the reading thread's stack.
     public static let maxDepth = 32
 
+    /// The most bytes an AMQP short string holds: names, keys, most properties.
+    public static let maxShortStringBytes = 255
+
     /// The bytes this table takes on the wire (AMQP 0-9-1 field table): its
     /// 4-byte length, then each entry's short-string key, type octet and value.
     public var encodedSize: Int {
@@ -111,10 +114,15 @@ extension FieldTable {
     }
 
     /// True when every key, in nested tables too, is a short string AMQP
-    /// can carry (at most 255 bytes). A key read from the wire can be longer:
-    /// each byte that is not UTF-8 reads as U+FFFD, three bytes.
+    /// can carry. A key read from the wire can be longer: each byte that is
+    /// not UTF-8 reads as U+FFFD, three bytes.
     public var keysFit: Bool {
-        entries.allSatisfy { $0.key.utf8.count <= 255 && $0.value.keysFit }
+        entries.allSatisfy { Self.keysFit($0.key, $0.value) }
+    }
+
+    /// True when `key` and every key inside `value` is a short string AMQP can carry.
+    public static func keysFit(_ key: String, _ value: FieldValue) -> Bool {
+        key.utf8.count <= maxShortStringBytes && value.keysFit
     }
 }
 

@@ -68,7 +68,7 @@ public enum SharedTopology {
     /// the broker would refuse another user's `user_id`, and act on `CC`.
     ///
     /// The properties must fit one frame, as the incoming message's did
-    /// (`frameMax`, the delivery's connection's), with less room: copied
+    /// (the delivery's connection's `frameMax`), with less room: copied
     /// headers are kept in order while they fit in `frameMax -
     /// deadLetterReserve`, the rest are left out and counted in
     /// `x-frontdesk-headers-dropped`. Without that, a message whose headers
@@ -78,15 +78,15 @@ public enum SharedTopology {
     /// cut: short strings to 255 bytes; a header with a longer key in it is
     /// left out.
     public static func deadLetter(
-        _ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String, frameMax: Int? = nil
+        _ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String
     ) -> OutboundMessage {
         let incoming = delivery.properties
         var kept: [(String, FieldValue)] = []
-        var room = (frameMax ?? delivery.frameMax) - deadLetterReserve
+        var room = delivery.frameMax - deadLetterReserve
         var dropped: Int64 = 0
         for (key, value) in incoming.headers ?? FieldTable() where !routingHeaders.contains(key.uppercased()) {
             let size = 1 &+ key.utf8.count &+ value.encodedSize
-            if size <= room, key.utf8.count <= 255, value.keysFit {
+            if size <= room, FieldTable.keysFit(key, value) {
                 kept.append((key, value))
                 room -= size
             } else {
@@ -102,17 +102,19 @@ public enum SharedTopology {
         headers["x-frontdesk-reason"] = .string(reason.utf8Prefix(maxReasonBytes))
         headers["x-frontdesk-service"] = .string(service)
         headers["x-frontdesk-routing-key"] = .string(delivery.routingKey)
+        let short = FieldTable.maxShortStringBytes
         let properties = AMQPProperties(
-            contentType: incoming.contentType?.utf8Prefix(255), headers: headers, deliveryMode: 2,
-            correlationID: incoming.correlationID?.utf8Prefix(255), messageID: incoming.messageID?.utf8Prefix(255),
-            timestamp: incoming.timestamp, type: incoming.type?.utf8Prefix(255))
+            contentType: incoming.contentType?.utf8Prefix(short), headers: headers, deliveryMode: 2,
+            correlationID: incoming.correlationID?.utf8Prefix(short), messageID: incoming.messageID?.utf8Prefix(short),
+            timestamp: incoming.timestamp, type: incoming.type?.utf8Prefix(short))
         return OutboundMessage(
-            exchange: deadLetterExchange, routingKey: delivery.routingKey.utf8Prefix(255), body: delivery.body, properties: properties)
+            exchange: deadLetterExchange, routingKey: delivery.routingKey.utf8Prefix(short), body: delivery.body, properties: properties)
     }
 
     /// What a dead letter's properties may take beyond the copied headers:
     /// the frame's own bytes, four short strings of ≤ 255 bytes, and the four
-    /// x-frontdesk headers (the routing key ≤ 255, the reason ≤ `maxReasonBytes`).
+    /// x-frontdesk headers (the routing key as read ≤ 765: 255 bytes, each maybe
+    /// U+FFFD; the reason ≤ `maxReasonBytes`).
     static let deadLetterReserve = 4096
     static let maxReasonBytes = 1024
 
