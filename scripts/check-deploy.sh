@@ -158,6 +158,11 @@ check "operator publishes to frontdesk.status" refused "$(probe operator publish
 check "operator consumes frontdesk.agent.yemaya.board-prep" refused "$(probe operator consume frontdesk.agent.yemaya.board-prep)"
 check "operator consumes frontdesk.router.intake" refused "$(probe operator consume frontdesk.router.intake)"
 check "surface may read frontdesk.status.log" allowed "$(probe surface consume frontdesk.status.log)"
+# The status log's own way in (for events a surface's queue refused) is the services' alone.
+check "operator binds a queue to frontdesk.status.refused" refused "$(probe operator bind frontdesk.status.refused 'status.#')"
+check "surface binds a queue to frontdesk.status.refused" refused "$(probe surface bind frontdesk.status.refused 'status.#')"
+check "surface publishes to frontdesk.status.refused" refused "$(probe surface publish frontdesk.status.refused status.x.y.replied)"
+check "agent publishes to frontdesk.status.refused" refused "$(probe agent publish frontdesk.status.refused status.x.y.replied)"
 check "surface publishes to frontdesk.commands" refused "$(probe surface publish frontdesk.commands dispatch.request)"
 check "surface publishes to frontdesk.status" refused "$(probe surface publish frontdesk.status status.x.y.replied)"
 check "surface consumes frontdesk.agent.yemaya.board-prep" refused "$(probe surface consume frontdesk.agent.yemaya.board-prep)"

@@ -291,11 +291,9 @@ struct RouterService: Service {
     }
 
     static func statusMessage(_ event: StatusEvent) -> OutboundMessage {
-        OutboundMessage(
-            exchange: SharedTopology.statusExchange, routingKey: event.routingKey, body: event.jsonData(),
-            properties: .persistentJSON(messageID: event.messageID, correlationID: event.dispatchId, type: StatusEvent.type),
-            // Surfaces drop a repeated seq (CONTRACT.md).
-            repeatable: true)
+        SharedTopology.statusEvent(
+            routingKey: event.routingKey, body: event.jsonData(),
+            properties: .persistentJSON(messageID: event.messageID, correlationID: event.dispatchId, type: StatusEvent.type))
     }
 
     /// A validated cancel or reroute for the sender: body and properties

@@ -14,6 +14,9 @@ enum RouterTopology {
         try await SharedTopology.declare(on: channel)
         try await channel.queueDeclare(intakeQueue, arguments: ["x-queue-type": "quorum"])
         try await channel.queueBind(intakeQueue, exchange: SharedTopology.commandsExchange, routingKey: "#")
+        // Where a status event refused by a surface's queue goes again (the
+        // sender and the gateway bind it to the status log they declare).
+        try await channel.exchangeDeclare(SharedTopology.statusLogExchange, type: "topic")
         // A day of decisions: longer than the default 4-hour lifetime; older
         // records are skipped on replay by their time.
         try await channel.queueDeclare(decisionLog, arguments: [

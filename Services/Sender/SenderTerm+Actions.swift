@@ -31,13 +31,13 @@ extension SenderTerm {
                     countInFlight(route, window, +1)
                 }
             case .publish(let event):
-                messages.append(OutboundMessage(
-                    exchange: SharedTopology.statusExchange, routingKey: event.routingKey, body: event.jsonData(),
-                    properties: .persistentJSON(messageID: event.messageID, correlationID: id, type: StatusEvent.type),
-                    // Surfaces and the status log drop a repeated seq: lost
-                    // by the stream at a leader change, it must not stall
-                    // the term (the next leader would deliver again).
-                    repeatable: true))
+                // Surfaces and the status log drop a repeated seq: lost by
+                // the stream at a leader change, or refused by a surface's
+                // queue, it must not stall the term (the next leader would
+                // deliver again).
+                messages.append(SharedTopology.statusEvent(
+                    routingKey: event.routingKey, body: event.jsonData(),
+                    properties: .persistentJSON(messageID: event.messageID, correlationID: id, type: StatusEvent.type)))
                 metrics.events.increment(event.state.rawValue)
                 if event.state == .queued, event.queue?.reason == "retry_wait" { metrics.retries.increment("retry_wait") }
                 if event.state == .replied { repliedStartedAt = event.startedAt }

@@ -178,10 +178,9 @@ extension SenderTerm {
                 // queues (see `StatusLog.RecentEnd`): published again, the
                 // lease acked once that is confirmed. Surfaces drop a repeated seq.
                 metrics.dispatches.increment("end_again")
-                pendingMessages.append(OutboundMessage(
-                    exchange: SharedTopology.statusExchange, routingKey: end.routingKey, body: end.body,
-                    properties: .persistentJSON(messageID: "\(id)/\(end.seq)", correlationID: id, type: StatusEvent.type),
-                    repeatable: true))
+                pendingMessages.append(SharedTopology.statusEvent(
+                    routingKey: end.routingKey, body: end.body,
+                    properties: .persistentJSON(messageID: "\(id)/\(end.seq)", correlationID: id, type: StatusEvent.type)))
                 return pendingAcks.append(d)
             }
             try d.ack()

@@ -204,6 +204,10 @@ public struct AMQPChannel: Sendable {
     }
 
     /// The same channel of the same connection.
+    /// Whether a nack on this channel was answered by publishing to the
+    /// message's `ifNacked` way (the channel last to do so on its connection).
+    var hadRedirectedNack: Bool { core.lastRedirectedEpoch == epoch }
+
     func isSame(as other: AMQPChannel) -> Bool { core === other.core && id == other.id && epoch == other.epoch }
 
     /// Closes the channel once every publish on it has been confirmed or has

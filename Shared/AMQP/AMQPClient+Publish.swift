@@ -59,8 +59,11 @@ extension AMQPClient {
     /// recorded leader node down keeps nacking every publish to that queue
     /// for as long as it lives (its queue client never looks for the new
     /// leader); a new channel starts from the queue's current record.
+    /// A nack answered by the message's `ifNacked` way counts too: the
+    /// queue that refused it may be one that such a channel can no longer reach.
     private func retireIfNacked(_ channel: AMQPChannel, _ results: PublishConfirms.Results) {
-        guard results.contains(where: { if case .failure(let e) = $0 { e.code == .nacked } else { false } }) else { return }
+        guard channel.hadRedirectedNack || results.contains(where: { if case .failure(let e) = $0 { e.code == .nacked } else { false } })
+        else { return }
         let now = ContinuousClock.now
         let retired = state.withLock { s -> Bool in
             guard let current = s.live?.publishChannel, current.isSame(as: channel),

@@ -82,4 +82,9 @@ public final class AMQPConnection: Sendable {
     /// How many repeatable messages this connection published again because
     /// their confirms were overdue (`OutboundMessage.repeatable`).
     public var republishedMessages: Int { core.republishedCount }
+    /// How many nacked messages this connection published again to their
+    /// `OutboundMessage.ifNacked` way, and how many such refused messages it
+    /// offered again to their own exchange.
+    public var redirectedMessages: Int { core.redirectedCount }
+    public var reofferedMessages: Int { core.reofferedCount }
 }

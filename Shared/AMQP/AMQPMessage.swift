@@ -67,10 +67,31 @@ public struct OutboundMessage: Sendable {
     /// change (RabbitMQ's streams can) neither confirms nor nacks it.
     /// Ignored for a mandatory message.
     public var repeatable: Bool
+    /// Where the message goes should the broker nack it. A nack says only
+    /// that some queue it was routed to refused it (one full with
+    /// `x-overflow: reject-publish`, or whose leader is gone); the others took
+    /// it. The connection then publishes it once more, on the same channel,
+    /// to this exchange and routing key, mandatory, and that publish's
+    /// confirm (or return) is the message's result. For a message whose
+    /// essential queue can be reached on a way of its own that no one else
+    /// binds to, while anyone may bind a queue to its usual exchange.
+    /// Ignored for a mandatory message.
+    public var ifNacked: Destination?
+
+    /// An exchange and a routing key.
+    public struct Destination: Sendable, Equatable {
+        public var exchange: String
+        public var routingKey: String
+        public init(exchange: String, routingKey: String) {
+            self.exchange = exchange
+            self.routingKey = routingKey
+        }
+    }
 
     public init(
         exchange: String, routingKey: String, body: Data,
-        properties: AMQPProperties = AMQPProperties(), mandatory: Bool = false, repeatable: Bool = false
+        properties: AMQPProperties = AMQPProperties(), mandatory: Bool = false, repeatable: Bool = false,
+        ifNacked: Destination? = nil
     ) {
         self.exchange = exchange
         self.routingKey = routingKey
@@ -78,6 +99,14 @@ public struct OutboundMessage: Sendable {
         self.properties = properties
         self.mandatory = mandatory
         self.repeatable = repeatable
+        self.ifNacked = ifNacked
+    }
+
+    /// This message sent to `ifNacked` instead (mandatory, with no further
+    /// way of its own and no repeat), or nil if it has none.
+    var redirected: OutboundMessage? {
+        guard let to = ifNacked, !mandatory else { return nil }
+        return OutboundMessage(exchange: to.exchange, routingKey: to.routingKey, body: body, properties: properties, mandatory: true)
     }
 }
 

@@ -1,4 +1,5 @@
 import AMQP
+import Foundation
 import FrontDeskModel
 
 /// The broker objects both services declare (CONTRACT.md, Broker objects).
@@ -16,6 +17,26 @@ public enum SharedTopology {
     public static func declareStatusLog(on channel: AMQPChannel) async throws {
         try await channel.queueDeclare(statusLog, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
         try await channel.queueBind(statusLog, exchange: statusExchange, routingKey: "status.#")
+        try await channel.exchangeDeclare(statusLogExchange, type: "topic")
+        try await channel.queueBind(statusLog, exchange: statusLogExchange, routingKey: "status.#")
+    }
+
+    /// The status log's own way in, bound to nothing else, where only the
+    /// services may publish or bind. Any surface may bind a queue to
+    /// `frontdesk.status`, also one that refuses what it is sent (full, with
+    /// `x-overflow: reject-publish`): the broker then nacks the event, though
+    /// the log and every other queue took it. Such an event is published
+    /// again here (`statusEvent`), so that the service goes on once the log
+    /// surely has it, and one surface's queue cannot stall every dispatch.
+    public static let statusLogExchange = "frontdesk.status.refused"
+
+    /// A status event (CONTRACT.md) for `frontdesk.status`, with the status
+    /// log's own way for a nack. Repeatable: surfaces and the log drop a
+    /// repeated seq, so a copy (an overdue confirm, or a nack) is harmless.
+    public static func statusEvent(routingKey: String, body: Data, properties: AMQPProperties) -> OutboundMessage {
+        OutboundMessage(
+            exchange: statusExchange, routingKey: routingKey, body: body, properties: properties, repeatable: true,
+            ifNacked: .init(exchange: statusLogExchange, routingKey: routingKey))
     }
 
     /// Hand-offs, cancels and reroutes from the router to the sender's
@@ -107,8 +128,15 @@ public enum SharedTopology {
             contentType: incoming.contentType?.utf8Prefix(short), headers: headers, deliveryMode: 2,
             correlationID: incoming.correlationID?.utf8Prefix(short), messageID: incoming.messageID?.utf8Prefix(short),
             timestamp: incoming.timestamp, type: incoming.type?.utf8Prefix(short))
+        // `frontdesk.dead` is a fanout that whoever may read it can bind a
+        // queue to: one that refuses (full, `reject-publish`) must not make
+        // the letter fail and its message come again for ever. The letter
+        // then goes to the queue `frontdesk.dead` alone, which most likely
+        // took it already (a nack does not say which queue refused): then it
+        // holds that letter twice, never more.
         return OutboundMessage(
-            exchange: deadLetterExchange, routingKey: delivery.routingKey.utf8Prefix(short), body: delivery.body, properties: properties)
+            exchange: deadLetterExchange, routingKey: delivery.routingKey.utf8Prefix(short), body: delivery.body, properties: properties,
+            ifNacked: .init(exchange: "", routingKey: deadLetterQueue))
     }
 
     /// What a dead letter's properties may take beyond the copied headers:

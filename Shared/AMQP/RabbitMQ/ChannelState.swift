@@ -29,6 +29,8 @@ final class PublishBatch {
         /// The copy's confirm timeout counts from here: repeatable or not, a
         /// message fails once its first publish has waited the timeout.
         let publishedAt: ContinuousClock.Instant
+        /// A copy sent to the message's `ifNacked` after a nack: its nack is final.
+        var redirected = false
     }
     /// Called once, on the connection thread, with every result or the error.
     let complete: (Result<[Result<Void, AMQPError>], Error>) -> Void
@@ -223,28 +225,63 @@ final class ChannelState {
     }
 
     /// Applies basic.ack / basic.nack for `tag` (and below it when `multiple`).
-    func confirm(tag: UInt64, multiple: Bool, ack: Bool) {
+    /// A nacked message with an `ifNacked` way is published there through
+    /// `redirect` (`ConnectionLoop.publish` on this channel) and waits for
+    /// that copy's confirm; returns how many were.
+    @discardableResult
+    func confirm(
+        tag: UInt64, multiple: Bool, ack: Bool, redirect: ((OutboundMessage, PublishBatch) -> Void)? = nil
+    ) -> Int {
         // A tag beyond what was published, or a range reaching back past the
         // lowest waiting one, only covers what waits: no loop over numbers
         // the broker made up.
         // Tag 0 with `multiple` is every outstanding one (AMQP 0-9-1, basic.ack).
         let upper = tag == 0 && multiple ? pending.next &- 1 : min(tag, pending.next &- 1)
         let lower = multiple ? pending.lowest : tag
-        guard lower <= upper else { return }
+        guard lower <= upper else { return 0 }
+        var redirected = 0
         for seq in lower...upper {
             guard let p = pending.remove(seq) else { continue }
             if p.copy == .waiting {
                 if ack { p.batch.resolve(p.index, .success(())) }
             } else if let r = p.returned {
-                p.batch.resolve(p.index, .failure(AMQPError(
+                // `failed`, not the batch: a returned copy's failure is its original's.
+                failed(p, AMQPError(
                     .returned, "the broker returned the message: \(AMQPError.replyName(r.code)) \(r.text)",
-                    replyCode: r.code)))
+                    replyCode: r.code))
             } else if ack {
                 p.batch.resolve(p.index, .success(()))
+            } else if let redirect, self.redirect(p, seq: seq, write: redirect) {
+                redirected += 1
             } else {
                 failed(p, AMQPError(.nacked, "the broker nacked the message"))
             }
         }
+        return redirected
+    }
+
+    /// Publishes nacked `p` (sequence number `seq`) once more to its
+    /// message's `ifNacked` way; the copy's result becomes the message's.
+    /// False when there is none, the nack is a redirected copy's own (final),
+    /// the original still waits and decides, or the copy could not be written.
+    private func redirect(_ p: PendingPublish, seq: UInt64, write: (OutboundMessage, PublishBatch) -> Void) -> Bool {
+        var root: PublishBatch.Original
+        if let original = p.batch.original {
+            // An overdue copy's nack: its original decides while it waits.
+            guard !original.redirected, pending[original.seq] == nil else { return false }
+            root = original
+        } else {
+            root = PublishBatch.Original(batch: p.batch, index: p.index, seq: seq, publishedAt: p.publishedAt)
+        }
+        guard root.batch.messages.indices.contains(root.index), let message = root.batch.messages[root.index].redirected
+        else { return false }
+        root.redirected = true
+        let copySeq = pending.next
+        write(message, .copy(of: root))
+        // Not written (refused at once, or the connection failed): the nack stands.
+        guard pending[copySeq]?.batch.original != nil else { return false }
+        copies.append(copySeq)
+        return true
     }
 
     /// `p`'s publish failed. A copy's failure is its original's, unless the

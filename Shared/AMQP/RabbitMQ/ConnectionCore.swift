@@ -31,6 +31,24 @@ final class ConnectionCore: Sendable {
     var republishedCount: Int { republished.load(ordering: .relaxed) }
     func noteRepublished(_ count: Int) { republished.add(count, ordering: .relaxed) }
 
+    private let redirected = Atomic<Int>(0)
+    private let reoffered = Atomic<Int>(0)
+    /// Nacked messages published again to their `ifNacked` way.
+    var redirectedCount: Int { redirected.load(ordering: .relaxed) }
+    /// Refused messages offered again to their own exchange (`ConnectionLoop+Reoffer`).
+    var reofferedCount: Int { reoffered.load(ordering: .relaxed) }
+    func noteReoffered(_ count: Int) { reoffered.add(count, ordering: .relaxed) }
+
+    private let redirectedEpoch = Atomic<UInt64>(0)
+    /// The channel (by epoch; 0: none) whose nacked publish was last sent to
+    /// its `ifNacked` way: its caller did not see the nack, and still retires
+    /// the channel (`AMQPClient.retireIfNacked`).
+    var lastRedirectedEpoch: UInt64 { redirectedEpoch.load(ordering: .acquiring) }
+    func noteRedirected(_ count: Int, channelEpoch: UInt64) {
+        redirected.add(count, ordering: .relaxed)
+        redirectedEpoch.store(channelEpoch, ordering: .releasing)
+    }
+
     init(name: String) {
         self.name = name
         wakeFD = fd_eventfd_create()

@@ -49,7 +49,12 @@ extension ConnectionLoop {
             channels[channelID]?.confirm(tag: m.delivery_tag, multiple: m.multiple != 0, ack: true)
         case FD_BASIC_NACK:
             let m = method.decoded.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
-            channels[channelID]?.confirm(tag: m.delivery_tag, multiple: m.multiple != 0, ack: false)
+            guard let ch = channels[channelID] else { break }
+            let redirected = ch.confirm(tag: m.delivery_tag, multiple: m.multiple != 0, ack: false) { message, copy in
+                self.publish(ch, [message], batch: copy)
+                if let o = copy.original, o.batch.messages.indices.contains(o.index) { self.scheduleReoffer(o.batch.messages[o.index]) }
+            }
+            if redirected > 0 { core.noteRedirected(redirected, channelEpoch: ch.epoch) }
         case FD_BASIC_RETURN:
             let m = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
             begin(channelID, .returned(

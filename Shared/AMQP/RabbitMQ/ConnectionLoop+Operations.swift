@@ -97,8 +97,9 @@ extension ConnectionLoop {
             }
             return
         }
-        // Kept for matching a basic.return, which only a mandatory publish gets.
-        if messages.contains(where: { $0.mandatory || $0.repeatable }) { batch.messages = messages }
+        // Kept for matching a basic.return, which only a mandatory publish
+        // gets, and for publishing again (a copy, or to `ifNacked`).
+        if messages.contains(where: { $0.mandatory || $0.repeatable || $0.ifNacked != nil }) { batch.messages = messages }
         if writesWindows {
             let arena = publishArena
             defer { arena.reset() }

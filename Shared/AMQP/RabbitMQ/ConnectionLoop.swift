@@ -45,6 +45,9 @@ final class ConnectionLoop {
     /// How often overdue confirms are looked for (expired, copied) and retired channels closed.
     static let confirmSweepInterval = Duration.milliseconds(100)
     private var lastConfirmSweep = ContinuousClock.now
+    /// Messages a queue refused, to offer again (`ConnectionLoop+Reoffer`).
+    var reoffers: [Reoffer] = []
+    var lastReofferRound = ContinuousClock.now
 
     init(
         core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int, confirmTimeout: Duration,
@@ -151,6 +154,7 @@ final class ConnectionLoop {
             if copies > 0 { core.noteRepublished(copies) }
         }
         for ch in settled { closeChannel(ch) }
+        reofferDue(now: now)
     }
 
     private func sendHeartbeatIfDue() {
