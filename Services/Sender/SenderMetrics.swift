@@ -15,6 +15,7 @@ struct SenderMetrics: Sendable {
     let partitionsLed: Gauge
     let replyTime: Histogram
     let deadLetters: Counter
+    let terms: Counter
 
     init(_ registry: MetricsRegistry) {
         dispatches = registry.counter("frontdesk_sender_dispatches_total", "dispatches received and finished, by state", labels: ["state"])
@@ -29,6 +30,8 @@ struct SenderMetrics: Sendable {
         leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads (a partition, with several)")
         partitionsLed = registry.gauge("frontdesk_sender_partitions_led", "how many of the sender's partitions this replica leads")
         deadLetters = registry.counter("frontdesk_sender_dead_letters_total", "agent replies dead-lettered, by code", labels: ["code"])
+        terms = registry.counter(
+            "frontdesk_sender_terms_total", "terms of leadership begun (one ends on a failure it cannot handle: a new one starts)")
         replyTime = registry.histogram(
             "frontdesk_sender_reply_seconds", "from the dispatch's start to its agent's final reply",
             buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600])

@@ -142,7 +142,7 @@ final class SenderService: Service {
         }
         defer { Task { await connection.close() } }
         guard proceed else { return }
-        try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table, partitions: partitions) }
+        try await declareTopology(on: connection)
         let probes = try await connection.openChannel()
         try await probes.confirmSelect()
         let reader = try await StatusLogReader.start(
@@ -184,6 +184,14 @@ final class SenderService: Service {
             }
             _ = try await group.next()
             group.cancelAll()
+        }
+    }
+
+    private func declareTopology(on connection: AMQPConnection) async throws {
+        try await SenderTopology.declare(on: connection, table: table, partitions: partitions) { [logger] queue, error in
+            logger.warning("an agent queue exists with other arguments than the sender's; using it as it is", [
+                ("queue", .string(queue)), ("error", .string("\(error)")),
+            ])
         }
     }
 
@@ -293,7 +301,7 @@ final class SenderService: Service {
 
     private func lead(_ connection: AMQPConnection, _ amqp: AMQPConnectionConfiguration, partition k: Int, shared: SharedStatusLog?) async throws {
         if shared == nil {
-            try await connection.withChannel { try await SenderTopology.declare(on: $0, table: table, partitions: partitions) }
+            try await declareTopology(on: connection)
             state.withLock { $0.ready = true }
             logger.info("connected; waiting to lead", [("broker", .string("\(amqp.url)"))])
         }
@@ -409,6 +417,7 @@ final class SenderService: Service {
                 maxAttempts: configuration.retry.maxAttempts, replyTimeoutSeconds: configuration.replyTimeoutSeconds,
                 lifetimeSeconds: configuration.lifetimeSeconds),
             logger: logger, metrics: metrics, statusLog: statusLog, login: configuration.login, routerLogin: configuration.routerUser)
+        metrics.terms.increment()
         // The term's loop runs on its connection's thread: an input or a
         // confirm resumes it there, with no thread of the pool to wake.
         try await withTaskExecutorPreference(connection.executor) {

@@ -87,6 +87,12 @@ extension SenderTerm {
             placeHeldReplies(now: now, markerRead: (marker, read))
         case .sendingSeen(let id):
             if heldReplies[id] != nil { placeHeldReplies(now: now) }
+        case .taskRefused(let id, let attempt, let reason):
+            guard var h = held[id] else { return }
+            logger.warning("an agent queue refused a task", [("dispatch_id", .string(id)), ("attempt", .int(attempt)), ("reason", .string(reason))])
+            let actions = h.machine.taskRefused(attempt: attempt, reason: reason, now: now, jitter: Double.random(in: 0..<1))
+            held[id] = h
+            try await execute(actions, id: id)
         }
     }
 

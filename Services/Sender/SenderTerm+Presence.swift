@@ -8,23 +8,38 @@ import ServiceKit
 /// that goes offline puts its dispatches back in `queued`.
 extension SenderTerm {
     /// Every 300 ms: consumers on each agent queue and messages in each park queue.
-    static func pollPresence(channel: AMQPChannel, routes: [RoutingTable.Route], feed: BatchQueue<Input>) async {
+    static func pollPresence(channel: AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route], feed: BatchQueue<Input>) async {
+        var channel = channel
         while !Task.isCancelled {
-            guard let snapshot = try? await presenceSnapshot(channel, routes: routes) else { return feed.finish() }
+            guard let snapshot = try? await presenceSnapshot(&channel, connection, routes: routes) else { return feed.finish() }
             feed.yield(.presence(snapshot))
             try? await Task.sleep(for: .milliseconds(300))
         }
     }
 
-    /// Consumers on each agent queue and messages in each park queue, by passive declares.
+    /// Consumers on each agent queue and messages in each park queue, by
+    /// passive declares. An agent's login may delete its own target's queue:
+    /// a queue that is gone (404, which closes `channel`: a new one takes its
+    /// place) counts as no agents, and is declared again for when they come
+    /// back. Only that target is offline; the term goes on.
     static func presenceSnapshot(
-        _ channel: AMQPChannel, routes: [RoutingTable.Route]
+        _ channel: inout AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route]
     ) async throws -> [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] {
         var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
         for r in routes {
-            let agents = try await channel.queueDeclare(SenderTopology.agentQueue(r), passive: true)
+            var agents: UInt32 = 0
+            do {
+                agents = try await channel.queueDeclare(SenderTopology.agentQueue(r), passive: true).consumerCount
+            } catch let error as AMQPError where error.replyCode == 404 {
+                channel = try await connection.openChannel()
+                do {
+                    try await channel.queueDeclare(SenderTopology.agentQueue(r), arguments: ["x-queue-type": "quorum"])
+                } catch let error as AMQPError where error.code == .channelClosed {
+                    channel = try await connection.openChannel()
+                }
+            }
             let parked = try await channel.queueDeclare(SenderTopology.parkQueue(r), passive: true)
-            snapshot[r] = (agents.consumerCount, parked.messageCount)
+            snapshot[r] = (agents, parked.messageCount)
         }
         return snapshot
     }

@@ -22,6 +22,8 @@ final class SenderTerm {
         case markerRead(String, Bool)
         /// Partition 0's leader saw a `sending` event of this dispatch (noted in the log).
         case sendingSeen(String)
+        /// The broker refused this attempt's task for its agent queue (nacked or returned).
+        case taskRefused(id: String, attempt: Int, reason: String)
 
         var isCommand: Bool {
             if case .inbox(let d) = self { return d.properties.type == SenderCommand.cancelType || d.properties.type == SenderCommand.rerouteType }
@@ -160,7 +162,15 @@ final class SenderTerm {
         handOffWriters = InternalWriters([login, routerLogin])
         copyWriters = InternalWriters([login])
         self.statusLog = statusLog
-        settler = WindowSettler { [feed] in feed.finish() }
+        // A task the agent's queue refused is that dispatch's failed attempt,
+        // not the term's: an agent's login may declare its own queue with a
+        // length limit, or delete it, and one target's agents must not end
+        // the term every other target's dispatches live in.
+        settler = WindowSettler(tolerates: { [feed] message, error in
+            guard let refused = SenderTerm.refusedTask(message, error) else { return false }
+            feed.yield(.taskRefused(id: refused.id, attempt: refused.attempt, reason: refused.reason))
+            return true
+        }, failed: { [feed] in feed.finish() })
         self.connection = connection
         self.publisher = publisher
         self.table = table
@@ -190,8 +200,8 @@ final class SenderTerm {
         }
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.
-        let presenceChannel = try await connection.openChannel()
-        try await presenceChanged(try await Self.presenceSnapshot(presenceChannel, routes: routes), now: Date())
+        var presenceChannel = try await connection.openChannel()
+        try await presenceChanged(try await Self.presenceSnapshot(&presenceChannel, connection, routes: routes), now: Date())
         try await forward(queue: SenderTopology.inbox(partition), prefetch: Self.inboxPrefetch) { .inbox($0) }
         try await forward(queue: SenderTopology.replies(partition), prefetch: passesOn ? 2000 : 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired(partition), prefetch: 100) { .expired($0) }
@@ -200,8 +210,8 @@ final class SenderTerm {
         // The presence polls and the tick run on the connection's thread too:
         // from the pool, each poll's declares would hop there and back (two
         // wake-ups a declare, ten declares every 300 ms with five targets).
-        forwarders.append(Task(executorPreference: connection.executor) { [feed, routes] in
-            await SenderTerm.pollPresence(channel: presenceChannel, routes: routes, feed: feed)
+        forwarders.append(Task(executorPreference: connection.executor) { [feed, routes, presenceChannel, connection] in
+            await SenderTerm.pollPresence(channel: presenceChannel, connection, routes: routes, feed: feed)
         })
         forwarders.append(Task(executorPreference: connection.executor) { [feed, settler, logger, partition, connection] in
             await SenderTerm.tick(feed, settler: settler, connection: connection, logger: logger, partition: partition)
@@ -246,6 +256,18 @@ final class SenderTerm {
             }
             throw error
         }
+    }
+
+    /// The dispatch and attempt of a task the broker refused (a nack: its
+    /// queue is full and rejects publishes; a return: its queue is gone),
+    /// or nil for any other message or failure.
+    static func refusedTask(_ message: OutboundMessage, _ error: AMQPError) -> (id: String, attempt: Int, reason: String)? {
+        guard error.code == .nacked || error.code == .returned, message.properties.type == AgentTask.type,
+            let id = message.properties.correlationID, let messageID = message.properties.messageID,
+            let slash = messageID.lastIndex(of: "/"), let attempt = Int(messageID[messageID.index(after: slash)...])
+        else { return nil }
+        let why = error.code == .nacked ? "its queue refused it (full, rejecting publishes)" : "its queue does not exist"
+        return (id, attempt, "the broker did not take the task for \(message.routingKey): \(why)")
     }
 
     /// How long a term that failed tries to publish its nacked events again.

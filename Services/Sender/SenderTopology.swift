@@ -63,7 +63,29 @@ enum SenderTopology {
     static func agentQueue(_ r: RoutingTable.Route) -> String { SharedTopology.agentQueue(r) }
     static func parkQueue(_ r: RoutingTable.Route) -> String { SharedTopology.parkQueue(r) }
 
-    static func declare(on channel: AMQPChannel, table: RoutingTable, partitions: SenderPartitions) async throws {
+    /// Declares the sender's broker objects. An agent's login may declare
+    /// its own target's queue (deploy/README.md), maybe first and otherwise
+    /// (a classic queue, a length limit): that queue is used as it is, and
+    /// `usedAsItIs` hears of it, so that one target's agents never keep the
+    /// sender, and every other target, from starting.
+    static func declare(
+        on connection: AMQPConnection, table: RoutingTable, partitions: SenderPartitions,
+        usedAsItIs: (String, AMQPError) -> Void = { _, _ in }
+    ) async throws {
+        var channel = try await connection.openChannel()
+        do {
+            try await declare(on: &channel, connection, table: table, partitions: partitions, usedAsItIs: usedAsItIs)
+            await channel.close()
+        } catch {
+            await channel.close()
+            throw error
+        }
+    }
+
+    private static func declare(
+        on channel: inout AMQPChannel, _ connection: AMQPConnection, table: RoutingTable, partitions: SenderPartitions,
+        usedAsItIs: (String, AMQPError) -> Void
+    ) async throws {
         try await SharedTopology.declare(on: channel)
         let quorum: FieldTable = ["x-queue-type": "quorum"]
         for k in partitions.all {
@@ -75,7 +97,15 @@ enum SenderTopology {
         try await channel.queueDeclare(commands, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
         try await SharedTopology.declareStatusLog(on: channel)
         for route in table.routes {
-            try await channel.queueDeclare(agentQueue(route), arguments: quorum)
+            do {
+                try await channel.queueDeclare(agentQueue(route), arguments: quorum)
+            } catch let error as AMQPError where error.replyCode == 406 {
+                // PRECONDITION_FAILED: it exists with other arguments. The
+                // broker closed the channel; the rest go on a new one.
+                usedAsItIs(agentQueue(route), error)
+                await channel.close()
+                channel = try await connection.openChannel()
+            }
             try await channel.queueDeclare(parkQueue(route), arguments: [
                 "x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(expired(0)),
             ])

@@ -180,6 +180,16 @@ public struct DispatchMachine: Sendable {
         }
     }
 
+    /// The broker refused attempt `attempt`'s task (its agent queue nacked it,
+    /// full with a length limit, or it was returned: the queue is gone). The
+    /// agent never got it: as a retryable error, the next attempt waits its
+    /// backoff, and after the last one the dispatch fails.
+    public mutating func taskRefused(attempt refused: Int, reason: String, now: Date, jitter: Double) -> [Action] {
+        guard case .inFlight = phase, refused == attempt else { return [] }
+        latestEtaMs = nil
+        return retryOrFail(now: now, unit: jitter, reason: reason)
+    }
+
     public mutating func cancelRequested(reason: String, now: Date) -> [Action] {
         guard !isFinished else { return [] }
         phase = .finished(.cancelled)

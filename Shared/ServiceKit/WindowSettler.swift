@@ -26,8 +26,17 @@ public final class WindowSettler: Sendable {
     private let order = InOrderSettlement()
     private let state = Mutex(State())
     private let failed: @Sendable () -> Void
+    private let tolerates: (@Sendable (OutboundMessage, AMQPError) -> Bool)?
 
-    public init(failed: @escaping @Sendable () -> Void) { self.failed = failed }
+    /// `tolerates` (on the connection thread, once for each message that
+    /// failed) says whether a failure is the caller's to handle, not the
+    /// window's: the window then settles as if that message went through.
+    public init(
+        tolerates: (@Sendable (OutboundMessage, AMQPError) -> Bool)? = nil, failed: @escaping @Sendable () -> Void
+    ) {
+        self.tolerates = tolerates
+        self.failed = failed
+    }
 
     /// Publishes a window on `publisher`; once all of it is confirmed, runs
     /// `confirmed` and acks `acks`. Waits while too many windows are in flight.
@@ -44,7 +53,7 @@ public final class WindowSettler: Sendable {
         }
         publisher.publishWithoutWaiting(messages) { [self] outcome in
             keepFailed(outcome, messages)
-            order.complete(number, .now { [self] in settle(outcome, acks: acks, confirmed: confirmed) })
+            order.complete(number, .now { [self] in settle(outcome, messages, acks: acks, confirmed: confirmed) })
         }
         if inFlight > Self.maxInFlight { try await settled() }
     }
@@ -68,7 +77,10 @@ public final class WindowSettler: Sendable {
         }
     }
 
-    private func settle(_ outcome: Result<PublishConfirms.Results, any Error>, acks: [AMQPDelivery], confirmed: (@Sendable () -> Void)?) {
+    private func settle(
+        _ outcome: Result<PublishConfirms.Results, any Error>, _ messages: [OutboundMessage], acks: [AMQPDelivery],
+        confirmed: (@Sendable () -> Void)?
+    ) {
         defer {
             state.withLock { s in
                 s.inFlight -= 1
@@ -77,7 +89,9 @@ public final class WindowSettler: Sendable {
         }
         guard state.withLock({ $0.failure == nil }) else { return }
         do {
-            for result in try outcome.get() { try result.get() }
+            for (message, result) in zip(messages, try outcome.get()) {
+                if case .failure(let error) = result, !(tolerates?(message, error) ?? false) { throw error }
+            }
             confirmed?()
             for delivery in acks { try delivery.ack() }
         } catch {

@@ -141,6 +141,28 @@ struct DispatchMachineTests {
         }
     }
 
+    /// A task its agent queue refused (nacked or returned) is a failed
+    /// attempt of that dispatch: backoff, the next attempt, and after the
+    /// last one `retries_exhausted`; a refusal of an old attempt, or while
+    /// not in flight, changes nothing.
+    @Test func aRefusedTaskIsAFailedAttempt() {
+        var m = machine()
+        _ = m.received(now: at(1), targetOnline: true)
+        #expect(m.taskRefused(attempt: 2, reason: "refused", now: at(1.1), jitter: 0).isEmpty)
+        let first = m.taskRefused(attempt: 1, reason: "refused", now: at(1.1), jitter: 0)
+        #expect(first.states == [.queued])
+        #expect(first.events[0].queue?.reason == "retry_wait" && first.events[0].attempt == 2 && first.events[0].etaMs == nil)
+        #expect(first.contains { if case .delay = $0 { true } else { false } })
+        #expect(m.taskRefused(attempt: 1, reason: "refused", now: at(1.2), jitter: 0).isEmpty)  // waiting: not in flight
+        #expect(m.timerFired(now: at(3), targetOnline: true, jitter: 0).first?.deliveredAttempt == 2)
+        _ = m.taskRefused(attempt: 2, reason: "refused", now: at(3.1), jitter: 0)
+        #expect(m.timerFired(now: at(6), targetOnline: true, jitter: 0).first?.deliveredAttempt == 3)
+        let last = m.taskRefused(attempt: 3, reason: "the broker did not take the task", now: at(6.1), jitter: 0)
+        #expect(last.states == [.failed] && last.contains { $0.isFinish })
+        #expect(last.events[0].error?.code == "retries_exhausted" && last.events[0].attempt == 3)
+        #expect(last.events[0].error?.message.hasPrefix("the broker did not take the task") == true)
+    }
+
     @Test func nonRetryableErrorFails() {
         var m = machine()
         _ = m.received(now: at(1), targetOnline: true)

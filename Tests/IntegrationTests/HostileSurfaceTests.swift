@@ -86,13 +86,114 @@ extension BrokerIntegration {
                     return wanted.isSubset(of: Set(ended))
                 }
                 #expect(!log.isEmpty)
-                // One leader term the whole time: a nack would have ended it
-                // (and the standby-free sender would lead again, counting 0 in between).
-                #expect(try await h.isLeading(sender))
+                // One leader term the whole time: a nack would have ended it.
+                let terms = try await h.metrics(sender).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_terms_total ") }
+                #expect(terms == "frontdesk_sender_terms_total 1")
                 #expect(try await h.messages(refusingStatus) == 1)
                 #expect(try await h.messages(refusingDead) == 1)
                 await agent.stop()
             }
+        }
+    }
+}
+
+extension BrokerIntegration {
+    /// An agent's login may declare, and delete, its own target's queue
+    /// (deploy/README.md). One target's agents must never keep the sender
+    /// from serving the other targets.
+    @Suite("An agent queue declared otherwise, or refusing tasks, concerns its target alone", .timeLimit(.minutes(2)))
+    struct AgentQueueTests {
+        /// The events of `id`, in arrival order, as states.
+        func states(_ events: [[String: Any]], _ id: String) -> [String] {
+            events.filter { $0["dispatchId"] as? String == id }.map { $0["state"] as? String ?? "?" }
+        }
+
+        @Test func aClassicAgentQueueDeclaredBeforeTheSenderIsUsedAsItIs() async throws {
+            try await withHarness("agent-queue-classic") { h in
+                // As a client library declares by default: durable, classic, before the sender ever ran.
+                try await h.channel.queueDeclare("frontdesk.agent.yemaya.board-prep")
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", declaring: nil)
+                let other = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+                try await h.publish("dispatch.request", #"{"id":"cl-1","input":"the agm agenda"}"#)
+                try await h.publish("dispatch.request", #"{"id":"cl-2","input":"review the contract"}"#)
+                let events = try await h.events(untilEnded: "cl-1", "cl-2")
+                #expect(states(events, "cl-1").last == "replied" && states(events, "cl-2").last == "replied")
+                #expect(await agent.tasks.all.count == 1)
+                await agent.stop()
+                await other.stop()
+            }
+        }
+
+        @Test func aTaskItsAgentQueueRefusesIsThatDispatchsFailedAttempt() async throws {
+            try await withHarness("agent-queue-refusing") { h in
+                // An agent that is online on a queue that takes nothing (a
+                // classic queue refuses any message over its byte limit, also
+                // with a consumer waiting; a quorum queue takes some first).
+                try await h.channel.queueDeclare(
+                    "frontdesk.agent.yemaya.board-prep", arguments: ["x-max-length-bytes": .int64(1), "x-overflow": "reject-publish"])
+                try await h.startRouter()
+                let sender = try await h.startSender(extraEnvironment: [
+                    "FRONTDESK_RETRY_BASE_MS": "200", "FRONTDESK_RETRY_MAX_MS": "200", "FRONTDESK_MAX_ATTEMPTS": "3",
+                ])
+                let refusing = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", declaring: nil)
+                let other = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+                try await h.publish("dispatch.request", #"{"id":"rf-1","input":"the agm agenda"}"#)
+                try await h.publish("dispatch.request", #"{"id":"rf-2","input":"review the contract"}"#)
+                let events = try await h.events(untilEnded: "rf-1", "rf-2")
+                // Three attempts, each refused by the broker, then failed; the
+                // other target's dispatch replied meanwhile.
+                #expect(states(events, "rf-1") == ["drafted", "routing", "sending", "queued", "sending", "queued", "sending", "failed"])
+                let failed = events.last { $0["dispatchId"] as? String == "rf-1" }
+                let error = failed?["error"] as? [String: Any]
+                #expect(error?["code"] as? String == "retries_exhausted")
+                #expect((error?["message"] as? String)?.contains("did not take the task") == true, "\(String(describing: error))")
+                #expect(failed?["attempt"] as? Int == 3)
+                #expect(states(events, "rf-2").last == "replied")
+                #expect(await refusing.tasks.all.isEmpty)
+                // One term throughout: a refused task no longer ends it.
+                #expect(try await terms(h, sender) == 1)
+                await refusing.stop()
+                await other.stop()
+            }
+        }
+
+        @Test func anAgentQueueItsAgentsDeleteIsThatTargetOfflineAndDeclaredAgain() async throws {
+            try await withHarness("agent-queue-deleted") { h in
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                let other = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+                _ = try await h.channel.queueDelete("frontdesk.agent.yemaya.board-prep")
+                // The sender's next presence poll finds it gone and declares it again.
+                try await h.waitUntil("the sender to declare the agent queue again") {
+                    let probe = try await h.connection.openChannel()
+                    defer { Task { await probe.close() } }
+                    return (try? await probe.queueDeclare("frontdesk.agent.yemaya.board-prep", passive: true)) != nil
+                }
+                try await h.publish("dispatch.request", #"{"id":"dq-1","input":"review the contract"}"#)
+                try await h.publish("dispatch.request", #"{"id":"dq-2","input":"the agm agenda"}"#)
+                let before = try await h.events("dq-1 to reply and dq-2 to wait") { events in
+                    states(events, "dq-1").last == "replied" && states(events, "dq-2").last == "queued"
+                }
+                #expect(states(before, "dq-1") == ["drafted", "routing", "sending", "sending", "sending", "replied"])
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                let after = try await h.events(untilEnded: "dq-2")
+                #expect(states(after, "dq-2") == ["sending", "sending", "sending", "replied"])
+                #expect(try await terms(h, sender) == 1)
+                await agent.stop()
+                await other.stop()
+            }
+        }
+
+        /// How many terms the sender `p` began (`frontdesk_sender_terms_total`).
+        func terms(_ h: RouterHarness, _ p: Process) async throws -> Int? {
+            let line = try await h.metrics(p).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_terms_total ") }
+            return line.flatMap { Double($0.split(separator: " ").last ?? "").map { Int($0) } }
         }
     }
 }

@@ -11,10 +11,12 @@ final class TestAgent: Sendable {
 
     enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, acceptThenSilent, failFirstAttempt, slowStream }
 
-    init(url: AMQPURL, queue: String, behaviour: Behaviour = .reply) async throws {
+    /// `declaring`: the arguments the agent declares its queue with, or nil
+    /// to consume the queue as it is.
+    init(url: AMQPURL, queue: String, behaviour: Behaviour = .reply, declaring arguments: FieldTable? = ["x-queue-type": "quorum"]) async throws {
         connection = try await AMQPConnection.connect(.init(url: url, connectionName: "test-agent:\(queue)"))
         let channel = try await connection.openChannel()
-        try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+        if let arguments { try await channel.queueDeclare(queue, arguments: arguments) }
         try await channel.qos(prefetchCount: 10)
         let publisher = try await connection.openChannel()
         consumer = try await channel.consume(queue: queue)
