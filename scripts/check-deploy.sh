@@ -163,6 +163,7 @@ check "operator binds a queue to frontdesk.status.refused" refused "$(probe oper
 check "surface binds a queue to frontdesk.status.refused" refused "$(probe surface bind frontdesk.status.refused 'status.#')"
 check "surface publishes to frontdesk.status.refused" refused "$(probe surface publish frontdesk.status.refused status.x.y.replied)"
 check "agent publishes to frontdesk.status.refused" refused "$(probe agent publish frontdesk.status.refused status.x.y.replied)"
+check "gateway binds a queue to frontdesk.status.refused" refused "$(probe gateway bind frontdesk.status.refused 'status.#')"
 check "surface publishes to frontdesk.commands" refused "$(probe surface publish frontdesk.commands dispatch.request)"
 check "surface publishes to frontdesk.status" refused "$(probe surface publish frontdesk.status status.x.y.replied)"
 check "surface consumes frontdesk.agent.yemaya.board-prep" refused "$(probe surface consume frontdesk.agent.yemaya.board-prep)"

@@ -10,13 +10,12 @@ enum RouterTopology {
     /// The decision log: one record per request id, in one total order. The
     /// first record of an id wins on every replica. A stream, replayed on start.
     static let decisionLog = "frontdesk.router.decisions"
-    static func declare(on channel: AMQPChannel, partitions: SenderPartitions) async throws {
+    static func declare(
+        on channel: AMQPChannel, partitions: SenderPartitions, statusLogWayRefused: (AMQPError) -> Void = { _ in }
+    ) async throws {
         try await SharedTopology.declare(on: channel)
         try await channel.queueDeclare(intakeQueue, arguments: ["x-queue-type": "quorum"])
         try await channel.queueBind(intakeQueue, exchange: SharedTopology.commandsExchange, routingKey: "#")
-        // Where a status event refused by a surface's queue goes again (the
-        // sender and the gateway bind it to the status log they declare).
-        try await channel.exchangeDeclare(SharedTopology.statusLogExchange, type: "topic")
         // A day of decisions: longer than the default 4-hour lifetime; older
         // records are skipped on replay by their time.
         try await channel.queueDeclare(decisionLog, arguments: [
@@ -26,5 +25,8 @@ enum RouterTopology {
         for k in partitions.all {
             try await SharedTopology.declareSenderInbox(partition: k, on: channel)
         }
+        // Last: where a status event refused by a surface's queue goes again
+        // (the sender binds it to the status log).
+        if let refused = try await SharedTopology.declareStatusLogWay(on: channel, bindingTheLog: false) { statusLogWayRefused(refused) }
     }
 }

@@ -11,8 +11,11 @@ let configuration = ServiceBootstrap.configurationOrExit(
     summary: "validates and routes Front Desk dispatch requests",
     defaultHTTPPort: 9101)
 let table = ServiceBootstrap.routingTableOrExit(configuration)
+let topologyLogger = Logger(service: configuration.service, level: configuration.logLevel)
 let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
-    try await RouterTopology.declare(on: channel, partitions: configuration.senderPartitions)
+    try await RouterTopology.declare(on: channel, partitions: configuration.senderPartitions) { error in
+        SharedTopology.warnStatusLogWayRefused(topologyLogger, error)
+    }
 }
 let service = RouterService(
     client: bootstrap.client,

@@ -188,11 +188,11 @@ final class SenderService: Service {
     }
 
     private func declareTopology(on connection: AMQPConnection) async throws {
-        try await SenderTopology.declare(on: connection, table: table, partitions: partitions) { [logger] queue, error in
+        try await SenderTopology.declare(on: connection, table: table, partitions: partitions, usedAsItIs: { [logger] queue, error in
             logger.warning("an agent queue exists with other arguments than the sender's; using it as it is", [
                 ("queue", .string(queue)), ("error", .string("\(error)")),
             ])
-        }
+        }, statusLogWayRefused: { [logger] error in SharedTopology.warnStatusLogWayRefused(logger, error) })
     }
 
     private func heartbeat(_ channel: AMQPChannel) async throws {

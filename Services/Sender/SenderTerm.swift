@@ -89,7 +89,9 @@ final class SenderTerm {
     static let lateConfirmWarning = Duration.seconds(5)
 
     let connection: AMQPConnection
-    let publisher: AMQPChannel
+    /// Where the term publishes; replaced after a redirected nack (`flush`).
+    private(set) var publisher: AMQPChannel
+    private var publisherSince = ContinuousClock.now
     let table: RoutingTable
     /// The partition this term leads, of how many, and its routes.
     let partition: Int
@@ -284,6 +286,19 @@ final class SenderTerm {
         // their order, before their leases are acked.
         let noted = messages.filter {
             $0.exchange == SharedTopology.statusExchange || ($0.routingKey == SenderTopology.statusLog && $0.properties.type == StatusLog.waitingType)
+        }
+        // A nack the channel answered by the event's way (a surface's queue
+        // refused it) leaves the window confirmed, but on RabbitMQ 3.10 the
+        // channel may go on refusing that queue for good (a dead leader, see
+        // `AMQPClient.retireIfNacked`): the term moves to a new channel, at
+        // most once a second, and the old one closes once settled. Windows
+        // still settle in publish order, whichever channel they went on.
+        if publisher.hadRedirectedNack, ContinuousClock.now - publisherSince >= AMQPClient.retireInterval {
+            let fresh = try await connection.openChannel()
+            try await fresh.confirmSelect()
+            publisher.closeWhenSettled()
+            publisher = fresh
+            publisherSince = .now
         }
         try await settler.publish(messages, on: publisher, acks: acks) { [statusLog] in
             for m in noted {

@@ -70,11 +70,13 @@ enum SenderTopology {
     /// sender, and every other target, from starting.
     static func declare(
         on connection: AMQPConnection, table: RoutingTable, partitions: SenderPartitions,
-        usedAsItIs: (String, AMQPError) -> Void = { _, _ in }
+        usedAsItIs: (String, AMQPError) -> Void = { _, _ in }, statusLogWayRefused: (AMQPError) -> Void = { _ in }
     ) async throws {
         var channel = try await connection.openChannel()
         do {
             try await declare(on: &channel, connection, table: table, partitions: partitions, usedAsItIs: usedAsItIs)
+            // Last, as it may close the channel (SharedTopology.declareStatusLogWay).
+            if let refused = try await SharedTopology.declareStatusLogWay(on: channel, bindingTheLog: true) { statusLogWayRefused(refused) }
             await channel.close()
         } catch {
             await channel.close()

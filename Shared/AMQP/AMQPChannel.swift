@@ -203,11 +203,14 @@ public struct AMQPChannel: Sendable {
         try await run { try $0.cancel($1, consumerTag: consumerTag) }
     }
 
-    /// The same channel of the same connection.
     /// Whether a nack on this channel was answered by publishing to the
-    /// message's `ifNacked` way (the channel last to do so on its connection).
-    var hadRedirectedNack: Bool { core.lastRedirectedEpoch == epoch }
+    /// message's `ifNacked` way (the channel last to do so on its
+    /// connection). Its caller saw no nack, but should publish on a new
+    /// channel: on RabbitMQ 3.10 the refusing queue may be one this channel
+    /// can no longer reach (see `AMQPClient.retireIfNacked`).
+    public var hadRedirectedNack: Bool { core.lastRedirectedEpoch == epoch }
 
+    /// The same channel of the same connection.
     func isSame(as other: AMQPChannel) -> Bool { core === other.core && id == other.id && epoch == other.epoch }
 
     /// Closes the channel once every publish on it has been confirmed or has

@@ -51,7 +51,7 @@ extension AMQPClient {
     /// A nack retires the publish channel at most this often: a queue that
     /// refuses every publish (full, `reject-publish`) must not cost a channel
     /// open and close a window.
-    static let retireInterval = Duration.seconds(1)
+    public static let retireInterval = Duration.seconds(1)
 
     /// A nack retires the channel: later publishes go to a new one, and it
     /// closes once its other publishes are settled. On RabbitMQ 3.10 a

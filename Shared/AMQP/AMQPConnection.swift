@@ -87,4 +87,6 @@ public final class AMQPConnection: Sendable {
     /// offered again to their own exchange.
     public var redirectedMessages: Int { core.redirectedCount }
     public var reofferedMessages: Int { core.reofferedCount }
+    /// Refused messages not offered again because too many bytes waited.
+    public var reofferDroppedMessages: Int { core.reofferDroppedCount }
 }

@@ -1,6 +1,7 @@
 import AMQP
 import Foundation
 import FrontDeskModel
+import Synchronization
 
 /// The broker objects both services declare (CONTRACT.md, Broker objects).
 public enum SharedTopology {
@@ -17,9 +18,35 @@ public enum SharedTopology {
     public static func declareStatusLog(on channel: AMQPChannel) async throws {
         try await channel.queueDeclare(statusLog, arguments: ["x-queue-type": "stream", "x-max-age": "1D"])
         try await channel.queueBind(statusLog, exchange: statusExchange, routingKey: "status.#")
-        try await channel.exchangeDeclare(statusLogExchange, type: "topic")
-        try await channel.queueBind(statusLog, exchange: statusLogExchange, routingKey: "status.#")
     }
+
+    /// Declares `statusLogExchange` (and, `bindingTheLog`, its binding to the
+    /// status log: the sender's part) as the last of a service's topology:
+    /// a login not yet allowed to (definitions older than this exchange)
+    /// makes the broker close `channel` with 403, and the service then
+    /// publishes its status events without that way (`statusLogWayInUse`),
+    /// as before it, instead of never starting. Returns that refusal.
+    public static func declareStatusLogWay(on channel: AMQPChannel, bindingTheLog: Bool) async throws -> AMQPError? {
+        do {
+            try await channel.exchangeDeclare(statusLogExchange, type: "topic")
+            if bindingTheLog { try await channel.queueBind(statusLog, exchange: statusLogExchange, routingKey: "status.#") }
+            statusLogWayInUse.store(true, ordering: .relaxed)
+            return nil
+        } catch let error as AMQPError where error.replyCode == 403 {
+            statusLogWayInUse.store(false, ordering: .relaxed)
+            return error
+        }
+    }
+
+    /// What a service logs when `declareStatusLogWay` was refused.
+    public static func warnStatusLogWayRefused(_ logger: Logger, _ error: AMQPError) {
+        logger.warning(
+            "may not declare \(statusLogExchange) (definitions older than this build?): status events go without it, and a surface's queue that refuses them makes the service publish them again", [("error", .string("\(error)"))])
+    }
+
+    /// Whether this process's status events name `statusLogExchange` as
+    /// their way for a nack: set by `declareStatusLogWay`.
+    public static let statusLogWayInUse = Atomic<Bool>(true)
 
     /// The status log's own way in, bound to nothing else, where only the
     /// services may publish or bind. Any surface may bind a queue to
@@ -28,6 +55,8 @@ public enum SharedTopology {
     /// the log and every other queue took it. Such an event is published
     /// again here (`statusEvent`), so that the service goes on once the log
     /// surely has it, and one surface's queue cannot stall every dispatch.
+    /// Declared by the router and the sender; only the sender binds the log
+    /// to it, so no other login needs to read it (and could bind a queue).
     public static let statusLogExchange = "frontdesk.status.refused"
 
     /// A status event (CONTRACT.md) for `frontdesk.status`, with the status
@@ -36,7 +65,7 @@ public enum SharedTopology {
     public static func statusEvent(routingKey: String, body: Data, properties: AMQPProperties) -> OutboundMessage {
         OutboundMessage(
             exchange: statusExchange, routingKey: routingKey, body: body, properties: properties, repeatable: true,
-            ifNacked: .init(exchange: statusLogExchange, routingKey: routingKey))
+            ifNacked: statusLogWayInUse.load(ordering: .relaxed) ? .init(exchange: statusLogExchange, routingKey: routingKey) : nil)
     }
 
     /// Hand-offs, cancels and reroutes from the router to the sender's

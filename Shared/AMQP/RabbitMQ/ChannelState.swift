@@ -227,19 +227,19 @@ final class ChannelState {
     /// Applies basic.ack / basic.nack for `tag` (and below it when `multiple`).
     /// A nacked message with an `ifNacked` way is published there through
     /// `redirect` (`ConnectionLoop.publish` on this channel) and waits for
-    /// that copy's confirm; returns how many were.
+    /// that copy's confirm; returns the messages that were (as published first).
     @discardableResult
     func confirm(
         tag: UInt64, multiple: Bool, ack: Bool, redirect: ((OutboundMessage, PublishBatch) -> Void)? = nil
-    ) -> Int {
+    ) -> [OutboundMessage] {
         // A tag beyond what was published, or a range reaching back past the
         // lowest waiting one, only covers what waits: no loop over numbers
         // the broker made up.
         // Tag 0 with `multiple` is every outstanding one (AMQP 0-9-1, basic.ack).
         let upper = tag == 0 && multiple ? pending.next &- 1 : min(tag, pending.next &- 1)
         let lower = multiple ? pending.lowest : tag
-        guard lower <= upper else { return 0 }
-        var redirected = 0
+        guard lower <= upper else { return [] }
+        var redirected: [OutboundMessage] = []
         for seq in lower...upper {
             guard let p = pending.remove(seq) else { continue }
             if p.copy == .waiting {
@@ -251,8 +251,8 @@ final class ChannelState {
                     replyCode: r.code))
             } else if ack {
                 p.batch.resolve(p.index, .success(()))
-            } else if let redirect, self.redirect(p, seq: seq, write: redirect) {
-                redirected += 1
+            } else if let redirect, let message = self.redirect(p, seq: seq, write: redirect) {
+                redirected.append(message)
             } else {
                 failed(p, AMQPError(.nacked, "the broker nacked the message"))
             }
@@ -262,26 +262,28 @@ final class ChannelState {
 
     /// Publishes nacked `p` (sequence number `seq`) once more to its
     /// message's `ifNacked` way; the copy's result becomes the message's.
-    /// False when there is none, the nack is a redirected copy's own (final),
-    /// the original still waits and decides, or the copy could not be written.
-    private func redirect(_ p: PendingPublish, seq: UInt64, write: (OutboundMessage, PublishBatch) -> Void) -> Bool {
+    /// Returns the message as first published, or nil when it has no way, the
+    /// nack is a redirected copy's own (final), the original still waits and
+    /// decides, or the copy could not be written.
+    private func redirect(_ p: PendingPublish, seq: UInt64, write: (OutboundMessage, PublishBatch) -> Void) -> OutboundMessage? {
         var root: PublishBatch.Original
         if let original = p.batch.original {
             // An overdue copy's nack: its original decides while it waits.
-            guard !original.redirected, pending[original.seq] == nil else { return false }
+            guard !original.redirected, pending[original.seq] == nil else { return nil }
             root = original
         } else {
             root = PublishBatch.Original(batch: p.batch, index: p.index, seq: seq, publishedAt: p.publishedAt)
         }
-        guard root.batch.messages.indices.contains(root.index), let message = root.batch.messages[root.index].redirected
-        else { return false }
+        guard root.batch.messages.indices.contains(root.index) else { return nil }
+        let first = root.batch.messages[root.index]
+        guard let message = first.redirected else { return nil }
         root.redirected = true
         let copySeq = pending.next
         write(message, .copy(of: root))
         // Not written (refused at once, or the connection failed): the nack stands.
-        guard pending[copySeq]?.batch.original != nil else { return false }
+        guard pending[copySeq]?.batch.original != nil else { return nil }
         copies.append(copySeq)
-        return true
+        return first
     }
 
     /// `p`'s publish failed. A copy's failure is its original's, unless the

@@ -38,6 +38,10 @@ final class ConnectionCore: Sendable {
     /// Refused messages offered again to their own exchange (`ConnectionLoop+Reoffer`).
     var reofferedCount: Int { reoffered.load(ordering: .relaxed) }
     func noteReoffered(_ count: Int) { reoffered.add(count, ordering: .relaxed) }
+    private let reofferDropped = Atomic<Int>(0)
+    /// Refused messages not offered again: more bytes waited than the bound.
+    var reofferDroppedCount: Int { reofferDropped.load(ordering: .relaxed) }
+    func noteReofferDropped() { reofferDropped.add(1, ordering: .relaxed) }
 
     private let redirectedEpoch = Atomic<UInt64>(0)
     /// The channel (by epoch; 0: none) whose nacked publish was last sent to

@@ -52,9 +52,13 @@ extension ConnectionLoop {
             guard let ch = channels[channelID] else { break }
             let redirected = ch.confirm(tag: m.delivery_tag, multiple: m.multiple != 0, ack: false) { message, copy in
                 self.publish(ch, [message], batch: copy)
-                if let o = copy.original, o.batch.messages.indices.contains(o.index) { self.scheduleReoffer(o.batch.messages[o.index]) }
             }
-            if redirected > 0 { core.noteRedirected(redirected, channelEpoch: ch.epoch) }
+            if !redirected.isEmpty {
+                core.noteRedirected(redirected.count, channelEpoch: ch.epoch)
+                // Only a repeatable one: its queues drop a repeat. (A dead
+                // letter would be taken again by every queue that took it.)
+                for message in redirected where message.repeatable { scheduleReoffer(message, offered: 0, now: .now) }
+            }
         case FD_BASIC_RETURN:
             let m = method.decoded.assumingMemoryBound(to: amqp_basic_return_t.self).pointee
             begin(channelID, .returned(

@@ -45,8 +45,11 @@ final class ConnectionLoop {
     /// How often overdue confirms are looked for (expired, copied) and retired channels closed.
     static let confirmSweepInterval = Duration.milliseconds(100)
     private var lastConfirmSweep = ContinuousClock.now
-    /// Messages a queue refused, to offer again (`ConnectionLoop+Reoffer`).
+    /// Messages a queue refused, to offer again (`ConnectionLoop+Reoffer`):
+    /// their bodies' bytes, and the confirming channel they go on.
     var reoffers: [Reoffer] = []
+    var reofferBytes = 0
+    var reofferChannel: ChannelState?
     var lastReofferRound = ContinuousClock.now
 
     init(
