@@ -21,7 +21,8 @@ extension SenderTerm {
     /// passive declares. An agent's login may delete its own target's queue:
     /// a queue that is gone (404, which closes `channel`: a new one takes its
     /// place) counts as no agents, and is declared again for when they come
-    /// back. Only that target is offline; the term goes on.
+    /// back; one an agent holds exclusive (405) counts as no agents too. Only
+    /// that target is offline; the term goes on.
     static func presenceSnapshot(
         _ channel: inout AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route]
     ) async throws -> [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] {
@@ -37,6 +38,11 @@ extension SenderTerm {
                 } catch let error as AMQPError where error.code == .channelClosed {
                     channel = try await connection.openChannel()
                 }
+            } catch let error as AMQPError where error.replyCode == 405 {
+                // RESOURCE_LOCKED: an agent holds it exclusive (its login may
+                // declare it so); no task can reach another connection's
+                // consumer there as the sender sees it: offline.
+                channel = try await connection.openChannel()
             }
             let parked = try await channel.queueDeclare(SenderTopology.parkQueue(r), passive: true)
             snapshot[r] = (agents, parked.messageCount)

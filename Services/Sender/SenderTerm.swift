@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import Synchronization
 import FrontDeskModel
 import ServiceKit
 
@@ -89,9 +90,20 @@ final class SenderTerm {
     static let lateConfirmWarning = Duration.seconds(5)
 
     let connection: AMQPConnection
-    /// Where the term publishes; replaced after a redirected nack (`flush`).
+    /// Where the term publishes; replaced after a redirected nack or a
+    /// nacked task (`flush`).
     private(set) var publisher: AMQPChannel
     private var publisherSince = ContinuousClock.now
+    /// Set when the broker nacked a task (the window went on without it).
+    let taskNacked: Flag
+
+    /// A flag one thread sets and another takes.
+    final class Flag: Sendable {
+        private let value = Atomic<Bool>(false)
+        func set() { value.store(true, ordering: .relaxed) }
+        /// Whether it was set, clearing it.
+        func take() -> Bool { value.exchange(false, ordering: .relaxed) }
+    }
     let table: RoutingTable
     /// The partition this term leads, of how many, and its routes.
     let partition: Int
@@ -168,8 +180,11 @@ final class SenderTerm {
         // not the term's: an agent's login may declare its own queue with a
         // length limit, or delete it, and one target's agents must not end
         // the term every other target's dispatches live in.
+        let taskNacked = Flag()
+        self.taskNacked = taskNacked
         settler = WindowSettler(tolerates: { [feed] message, error in
             guard let refused = SenderTerm.refusedTask(message, error) else { return false }
+            if error.code == .nacked { taskNacked.set() }
             feed.yield(.taskRefused(id: refused.id, attempt: refused.attempt, reason: refused.reason))
             return true
         }, failed: { [feed] in feed.finish() })
@@ -268,7 +283,8 @@ final class SenderTerm {
             let id = message.properties.correlationID, let messageID = message.properties.messageID,
             let slash = messageID.lastIndex(of: "/"), let attempt = Int(messageID[messageID.index(after: slash)...])
         else { return nil }
-        let why = error.code == .nacked ? "its queue refused it (full, rejecting publishes)" : "its queue does not exist"
+        let why = error.code == .nacked
+            ? "the broker nacked it (its queue is full and rejects publishes, or lost its leader)" : "its queue does not exist"
         return (id, attempt, "the broker did not take the task for \(message.routingKey): \(why)")
     }
 
@@ -288,12 +304,15 @@ final class SenderTerm {
             $0.exchange == SharedTopology.statusExchange || ($0.routingKey == SenderTopology.statusLog && $0.properties.type == StatusLog.waitingType)
         }
         // A nack the channel answered by the event's way (a surface's queue
-        // refused it) leaves the window confirmed, but on RabbitMQ 3.10 the
-        // channel may go on refusing that queue for good (a dead leader, see
+        // refused it), or a nacked task (its agent queue refused it), leaves
+        // the window confirmed, but on RabbitMQ 3.10 the channel may go on
+        // refusing that queue for good (a dead leader, see
         // `AMQPClient.retireIfNacked`): the term moves to a new channel, at
         // most once a second, and the old one closes once settled. Windows
-        // still settle in publish order, whichever channel they went on.
-        if publisher.hadRedirectedNack, ContinuousClock.now - publisherSince >= AMQPClient.retireInterval {
+        // still settle in publish order, whichever channel they went on
+        // (surfaces order a dispatch's events by seq, not by arrival).
+        let refused = taskNacked.take() || publisher.hadRedirectedNack
+        if refused, ContinuousClock.now - publisherSince >= AMQPClient.retireInterval {
             let fresh = try await connection.openChannel()
             try await fresh.confirmSelect()
             publisher.closeWhenSettled()

@@ -101,9 +101,10 @@ enum SenderTopology {
         for route in table.routes {
             do {
                 try await channel.queueDeclare(agentQueue(route), arguments: quorum)
-            } catch let error as AMQPError where error.replyCode == 406 {
-                // PRECONDITION_FAILED: it exists with other arguments. The
-                // broker closed the channel; the rest go on a new one.
+            } catch let error as AMQPError where error.replyCode == 406 || error.replyCode == 405 {
+                // PRECONDITION_FAILED: it exists with other arguments;
+                // RESOURCE_LOCKED: an agent declared it exclusive. The broker
+                // closed the channel; the rest go on a new one.
                 usedAsItIs(agentQueue(route), error)
                 await channel.close()
                 channel = try await connection.openChannel()

@@ -190,6 +190,25 @@ extension BrokerIntegration {
             }
         }
 
+        @Test func anAgentQueueHeldExclusiveIsThatTargetOfflineAlone() async throws {
+            try await withHarness("agent-queue-exclusive") { h in
+                // Held exclusive by another connection (here the harness's): RESOURCE_LOCKED to the sender.
+                try await h.channel.queueDeclare("frontdesk.agent.yemaya.board-prep", exclusive: true)
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                let other = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+                try await h.publish("dispatch.request", #"{"id":"ex-1","input":"review the contract"}"#)
+                try await h.publish("dispatch.request", #"{"id":"ex-2","input":"the agm agenda"}"#)
+                let events = try await h.events("ex-1 to reply and ex-2 to wait") { events in
+                    states(events, "ex-1").last == "replied" && states(events, "ex-2").last == "queued"
+                }
+                #expect(states(events, "ex-2") == ["drafted", "routing", "queued"])
+                #expect(try await terms(h, sender) == 1)
+                await other.stop()
+            }
+        }
+
         /// How many terms the sender `p` began (`frontdesk_sender_terms_total`).
         func terms(_ h: RouterHarness, _ p: Process) async throws -> Int? {
             let line = try await h.metrics(p).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_terms_total ") }

@@ -70,7 +70,7 @@ extension ConnectionLoop {
                 refused = true
                 scheduleReoffer(r.message, offered: r.offered + 1, now: .now)
             }
-            if refused { retireReofferChannel() }
+            if refused { retireReofferChannel(ch) }
         }
         publish(ch, due.map(\.message), batch: batch)
         core.noteReoffered(due.count)
@@ -81,15 +81,17 @@ extension ConnectionLoop {
         if let ch = reofferChannel, channels[ch.id] === ch, ch.closedError == nil, ch.closeWhenSettled == nil { return ch }
         reofferChannel = nil
         guard let ch = try? openChannel() else { return nil }
-        guard (try? confirmSelect(ch)) != nil else { return nil }
+        guard (try? confirmSelect(ch)) != nil else {
+            closeChannel(ch)
+            return nil
+        }
         reofferChannel = ch
         return ch
     }
 
-    /// A refused round: the next goes on a new channel, and this one closes once settled.
-    private func retireReofferChannel() {
-        guard let ch = reofferChannel else { return }
-        reofferChannel = nil
+    /// A round refused on `ch`: the next goes on a new channel, and `ch` closes once settled.
+    private func retireReofferChannel(_ ch: ChannelState) {
+        if reofferChannel === ch { reofferChannel = nil }
         if ch.closeWhenSettled == nil { ch.closeWhenSettled = .now }
     }
 }
