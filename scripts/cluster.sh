@@ -51,6 +51,9 @@ CONF
 start_node() {
   local n=$1 dir="$BASE/node$1"
   if running "$n"; then return 0; fi
+  # Running but not answering yet (busy booting): a second server of the same
+  # name would give up and take the pid file with it.
+  if [ -n "$(node_pid "$n")" ]; then return 0; fi
   write_config "$n"
   chown -R rabbitmq:rabbitmq "$BASE"
   log "starting $(name "$n") (AMQP $(port "$n"))"
@@ -110,15 +113,37 @@ stop() {
   done
 }
 
+# The pid of node N's Erlang VM, found by the node name in its environment
+# (3.10's command line does not name the node, and the pid file goes when a
+# second start of a running node gives up), or nothing.
+node_pid() {
+  local n=$1 pid
+  for pid in $(pgrep -x beam.smp || true); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$(name "$n")"; then
+      echo "$pid"
+      return 0
+    fi
+  done
+}
+
 kill_node() {
   local n=$1
   [[ " ${NODES[*]} " == *" $n "* ]] || { echo "usage: $0 kill 1|2|3" >&2; exit 2; }
   local pid
-  pid="$(cat "$BASE/node$n/pid" 2>/dev/null || true)"
-  [ -n "$pid" ] || pid="$(pgrep -f "beam.*-sname $(name "$n" | cut -d@ -f1)" | head -n1 || true)"
+  pid="$(node_pid "$n")"
   [ -n "$pid" ] || { log "$(name "$n") does not run"; exit 1; }
   kill -9 "$pid"
-  log "killed $(name "$n") (pid $pid)"
+  # Gone before this returns: whoever asked for the kill may count on it.
+  for _ in $(seq 1 100); do
+    # (A zombie, not reaped yet where pid 1 does not reap, counts as gone.)
+    if ! kill -0 "$pid" 2>/dev/null || [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ]; then
+      log "killed $(name "$n") (pid $pid)"
+      return 0
+    fi
+    sleep 0.05
+  done
+  log "$(name "$n") (pid $pid) still runs after kill -9"
+  exit 1
 }
 
 case "${1:-}" in
