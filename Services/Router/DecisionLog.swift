@@ -1,6 +1,7 @@
 import AMQP
 import Foundation
 import FrontDeskModel
+import ServiceKit
 import Synchronization
 
 /// The router's view of the decision log stream: the first record of every
@@ -25,12 +26,27 @@ final class DecisionLog: Sendable {
 
     private struct State {
         var first: [String: Entry] = [:]
-        /// Tokens appended by this replica and not yet read back: their id and deadline.
-        var expected: [String: (id: String, deadline: ContinuousClock.Instant)] = [:]
+        /// Tokens appended by this replica and not yet read back: their id,
+        /// deadline, and when they were written, with the reads by then.
+        var expected: [String: Expected] = [:]
+        var watch = ReadBackWatch(limit: DecisionLog.hangsAfter, gap: DecisionLog.reconnectGap)
         /// Read back (or failed) before its appender started waiting.
         var arrived: [String: Result<Entry, any Error>] = [:]
         var waiters: [String: CheckedContinuation<Entry, Error>] = [:]
     }
+
+    struct Expected {
+        let id: String
+        let deadline: ContinuousClock.Instant
+        let writtenAt: ContinuousClock.Instant
+        let mark: UInt64
+    }
+
+    /// A record unread this long, with nothing read since it was written: the
+    /// log's consumer hangs (`ReadBackWatch`), and the router reconnects.
+    static let hangsAfter = Duration.seconds(10)
+    /// At most one such reconnect this often.
+    static let reconnectGap = Duration.seconds(60)
 
     private let state = Mutex(State())
     private let tokenPrefix = UUID().uuidString
@@ -42,10 +58,13 @@ final class DecisionLog: Sendable {
     /// The router's login: records written by anyone else are not read.
     let login: String
 
-    init(client: AMQPClient, windowSeconds: Int, login: String) {
+    let logger: Logger
+
+    init(client: AMQPClient, windowSeconds: Int, login: String, logger: Logger) {
         self.client = client
         self.windowSeconds = windowSeconds
         self.login = login
+        self.logger = logger
     }
 
     /// The first record of `id` seen so far.
@@ -75,7 +94,12 @@ final class DecisionLog: Sendable {
             var turns = 0
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(500))
-                failOverdue()
+                if failOverdue() {
+                    logger.warning("the decision log gives nothing back though records were written to it; connecting again", [
+                        ("waited_s", .int(Int(DecisionLog.hangsAfter.components.seconds))),
+                    ])
+                    await client.reconnect()
+                }
                 turns += 1
                 if turns % 120 == 0 { pruneExpired() }  // once a minute
             }
@@ -93,19 +117,26 @@ final class DecisionLog: Sendable {
         }
     }
 
-    private func failOverdue() {
+    /// Fails the appends whose read-back is overdue; returns whether the
+    /// log's consumer hangs (`ReadBackWatch`).
+    private func failOverdue() -> Bool {
         let now = ContinuousClock.now
-        let overdue = state.withLock { s -> [(String, CheckedContinuation<Entry, Error>?)] in
+        let (overdue, hangs) = state.withLock { s -> ([CheckedContinuation<Entry, Error>?], Bool) in
+            // The oldest write still unread decides whether the reader hangs.
+            let oldest = s.expected.values.min { $0.writtenAt < $1.writtenAt }
+            let hangs = oldest.map { s.watch.unread(writtenAt: $0.writtenAt, mark: $0.mark, now: now) } ?? false
             let tokens = s.expected.filter { $0.value.deadline <= now }.map(\.key)
-            return tokens.map { token in
+            let waiters = tokens.map { token in
                 s.expected[token] = nil
                 s.arrived[token] = nil
-                return (token, s.waiters.removeValue(forKey: token))
+                return s.waiters.removeValue(forKey: token)
             }
+            return (waiters, hangs)
         }
-        for (_, waiter) in overdue {
+        for waiter in overdue {
             waiter?.resume(throwing: AMQPError(.timeout, "a decision did not come back from the log in time"))
         }
+        return hangs
     }
 
     /// Id, token and time ride in the message's properties (correlation_id,
@@ -119,6 +150,7 @@ final class DecisionLog: Sendable {
         let entry = Entry(id: id, writtenAt: delivery.properties.timestamp ?? 0, body: delivery.body, token: token)
         let now = UInt64(Date().timeIntervalSince1970)
         let waiter = state.withLock { s -> (CheckedContinuation<Entry, Error>, Entry)? in
+            s.watch.read()
             if let written = delivery.properties.timestamp, now.subtractingClamped(written) > UInt64(clamping: windowSeconds) {
                 // Outside the window: it no longer makes a later request a duplicate.
             } else if s.first[id] == nil {
@@ -140,8 +172,11 @@ final class DecisionLog: Sendable {
     /// another came first) and this append's token, or why it failed.
     func append(_ records: [(record: DispatchRecord, body: Data)], timeout: Duration = .seconds(15)) async -> [Result<(winner: Entry, token: String), Error>] {
         let tokens = records.map { _ in nextToken() }
+        let now = ContinuousClock.now
         state.withLock { s in
-            for (token, r) in zip(tokens, records) { s.expected[token] = (r.record.id, .now + timeout) }
+            for (token, r) in zip(tokens, records) {
+                s.expected[token] = Expected(id: r.record.id, deadline: now + timeout, writtenAt: now, mark: s.watch.mark)
+            }
         }
         let messages = zip(tokens, records).map { token, r in
             OutboundMessage(

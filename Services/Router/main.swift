@@ -19,7 +19,8 @@ let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
 }
 let service = RouterService(
     client: bootstrap.client,
-    log: DecisionLog(client: bootstrap.client, windowSeconds: configuration.lifetimeSeconds, login: configuration.login),
+    log: DecisionLog(
+        client: bootstrap.client, windowSeconds: configuration.lifetimeSeconds, login: configuration.login, logger: bootstrap.logger),
     resolver: RouteResolver(table: table),
     configuration: configuration,
     logger: bootstrap.logger,

@@ -191,6 +191,15 @@ public final class AMQPClient: Sendable {
         for r in registrations { await r.stop() }
     }
 
+    /// Closes the current connection and connects again (to the next node,
+    /// with several): the topology is declared again and every consumer
+    /// starts again. For a connection that still works but serves no more
+    /// (a stream consumer that hangs, `ReadBackWatch`). Nothing without one.
+    public func reconnect() async {
+        let live = state.withLock { s -> Live? in s.shuttingDown ? nil : s.live }
+        await live?.connection.close()
+    }
+
     /// Stops consuming, closes the connection cleanly and makes `run()` return.
     public func shutdown() async {
         await stopConsuming()

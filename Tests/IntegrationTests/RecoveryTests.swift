@@ -76,5 +76,45 @@ extension BrokerIntegration {
             await client.shutdown()
             await runner.value
         }
+
+        /// `reconnect()` (a consumer that hangs, see ReadBackWatch): a new
+        /// connection, and the consumer reads again on it.
+        @Test func reconnectOpensANewConnectionAndTheConsumerGoesOn() async throws {
+            let queue = TestBroker.uniqueName("reconnect")
+            let name = "reconnect-\(UUID().uuidString.prefix(6))"
+            let client = client(name, queue: queue)
+            // The broker's names of this client's connections ("address:port -> address:port").
+            func connections() throws -> [String] {
+                try TestBroker.script(["ctl", "list_connections", "-q", "name", "client_properties"])
+                    .split(separator: "\n").filter { $0.contains("frontdesk-test:\(name)") }
+                    .map { String($0.prefix { $0 != "\t" }) }
+            }
+            let runner = Task { await client.run() }
+            try await client.waitUntilConnected()
+            let deliveries = await client.consume(ConsumerSpecification(queue: queue, prefetchCount: 10))
+            var iterator = deliveries.makeAsyncIterator()
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("before".utf8)))
+            let first = try #require(await iterator.next())
+            #expect(String(decoding: first.body, as: UTF8.self) == "before")
+            try first.ack()
+            let before = try connections()
+            let states = client.stateUpdates()
+            await client.reconnect()
+            var sawReconnecting = false
+            for await s in states {
+                if case .reconnecting = s { sawReconnecting = true }
+                if sawReconnecting, s == .connected { break }
+            }
+            #expect(sawReconnecting)
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("after".utf8)))
+            let second = try #require(await iterator.next())
+            #expect(String(decoding: second.body, as: UTF8.self) == "after")
+            try second.ack()
+            let after = try connections()
+            #expect(before.count == 1 && after.count == 1 && before != after, "\(before) then \(after)")
+            try await client.withChannel { try await $0.queueDelete(queue) }
+            await client.shutdown()
+            await runner.value
+        }
     }
 }

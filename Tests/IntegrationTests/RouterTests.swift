@@ -38,6 +38,25 @@ extension BrokerIntegration {
             }
         }
 
+        /// A decision log that gives nothing back while the router's
+        /// publishes to it are confirmed (as a RabbitMQ 3.10 stream consumer
+        /// can hang when its member restarts; here: the stream deleted, so
+        /// its records go nowhere): the router connects again, which
+        /// declares the log again, and goes on by itself.
+        @Test func aDecisionLogThatGivesNothingBackMakesTheRouterConnectAgain() async throws {
+            try await withHarness("decisions-hang") { h in
+                try await h.startRouter()
+                try await h.publish("dispatch.request", #"{"id":"h-1","input":"before","project":"acme","target":"legal"}"#)
+                _ = try await h.events(until: "h-1", reaches: "routing")
+                try await h.channel.queueDelete("frontdesk.router.decisions")
+                let deleted = ContinuousClock.now
+                try await h.publish("dispatch.request", #"{"id":"h-2","input":"after","project":"acme","target":"legal"}"#)
+                _ = try await h.events(until: "h-2", reaches: "routing", within: .seconds(60))
+                let took = ContinuousClock.now - deleted
+                #expect(took < .seconds(40), "\(took)")
+            }
+        }
+
         @Test func everyDeadLetterCodeWithItsHeaders() async throws {
             try await withHarness("deadletters") { h in
                 try await h.startRouter()
