@@ -113,13 +113,14 @@ stop() {
   done
 }
 
-# The pid of node N's Erlang VM, found by the node name in its environment
-# (3.10's command line does not name the node, and the pid file goes when a
-# second start of a running node gives up), or nothing.
+# The pid of node N's server VM, found by the pid file named in its
+# environment, which only start_node sets (rabbitmqctl's VMs name the node
+# too; 3.10's command line does not name it; and the pid file itself goes
+# when a second start of a running node gives up), or nothing.
 node_pid() {
   local n=$1 pid
   for pid in $(pgrep -x beam.smp || true); do
-    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$(name "$n")"; then
+    if grep -qzxF "RABBITMQ_PID_FILE=$BASE/node$n/pid" "/proc/$pid/environ" 2>/dev/null; then
       echo "$pid"
       return 0
     fi
@@ -132,7 +133,7 @@ kill_node() {
   local pid
   pid="$(node_pid "$n")"
   [ -n "$pid" ] || { log "$(name "$n") does not run"; exit 1; }
-  kill -9 "$pid"
+  kill -9 "$pid" 2>/dev/null || true  # (gone already: the wait below says so)
   # Gone before this returns: whoever asked for the kill may count on it.
   for _ in $(seq 1 100); do
     # (A zombie, not reaped yet where pid 1 does not reap, counts as gone.)
