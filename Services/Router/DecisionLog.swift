@@ -27,7 +27,7 @@ final class DecisionLog: Sendable {
     private struct State {
         var first: [String: Entry] = [:]
         /// Tokens appended by this replica and not yet read back: their id,
-        /// deadline, and when they were written, with the reads by then.
+        /// deadline, and when they were confirmed, with the reads by then.
         var expected: [String: Expected] = [:]
         var watch = ReadBackWatch(limit: DecisionLog.hangsAfter, gap: DecisionLog.reconnectGap)
         /// Read back (or failed) before its appender started waiting.
@@ -38,11 +38,13 @@ final class DecisionLog: Sendable {
     struct Expected {
         let id: String
         let deadline: ContinuousClock.Instant
-        let writtenAt: ContinuousClock.Instant
-        let mark: UInt64
+        /// Once the broker confirmed it (stored in the stream): when, and the
+        /// reads by then. A publish slow to confirm (a leader election, a
+        /// blocked connection) is not the reader's fault.
+        var confirmed: (at: ContinuousClock.Instant, mark: UInt64)?
     }
 
-    /// A record unread this long, with nothing read since it was written: the
+    /// A record unread this long, with nothing read since it was stored: the
     /// log's consumer hangs (`ReadBackWatch`), and the router reconnects.
     static let hangsAfter = Duration.seconds(10)
     /// At most one such reconnect this often.
@@ -94,7 +96,7 @@ final class DecisionLog: Sendable {
             var turns = 0
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(500))
-                if failOverdue() {
+                if failOverdue(connected: client.connectionState == .connected) {
                     logger.warning("the decision log gives nothing back though records were written to it; connecting again", [
                         ("waited_s", .int(Int(DecisionLog.hangsAfter.components.seconds))),
                     ])
@@ -118,13 +120,13 @@ final class DecisionLog: Sendable {
     }
 
     /// Fails the appends whose read-back is overdue; returns whether the
-    /// log's consumer hangs (`ReadBackWatch`).
-    private func failOverdue() -> Bool {
+    /// log's consumer hangs (`ReadBackWatch`; asked only while `connected`).
+    private func failOverdue(connected: Bool) -> Bool {
         let now = ContinuousClock.now
         let (overdue, hangs) = state.withLock { s -> ([CheckedContinuation<Entry, Error>?], Bool) in
-            // The oldest write still unread decides whether the reader hangs.
-            let oldest = s.expected.values.min { $0.writtenAt < $1.writtenAt }
-            let hangs = oldest.map { s.watch.unread(writtenAt: $0.writtenAt, mark: $0.mark, now: now) } ?? false
+            // The oldest record stored and still unread decides whether the reader hangs.
+            let oldest = s.expected.values.compactMap(\.confirmed).min { $0.at < $1.at }
+            let hangs = connected && (oldest.map { s.watch.unread(writtenAt: $0.at, mark: $0.mark, now: now) } ?? false)
             let tokens = s.expected.filter { $0.value.deadline <= now }.map(\.key)
             let waiters = tokens.map { token in
                 s.expected[token] = nil
@@ -146,7 +148,10 @@ final class DecisionLog: Sendable {
         // default exchange could otherwise claim an id first.
         guard delivery.properties.userID == login, let token = delivery.properties.messageID,
             let id = delivery.properties.correlationID
-        else { return }
+        else {
+            // Still a read: the consumer moves.
+            return state.withLock { $0.watch.read() }
+        }
         let entry = Entry(id: id, writtenAt: delivery.properties.timestamp ?? 0, body: delivery.body, token: token)
         let now = UInt64(Date().timeIntervalSince1970)
         let waiter = state.withLock { s -> (CheckedContinuation<Entry, Error>, Entry)? in
@@ -172,11 +177,9 @@ final class DecisionLog: Sendable {
     /// another came first) and this append's token, or why it failed.
     func append(_ records: [(record: DispatchRecord, body: Data)], timeout: Duration = .seconds(15)) async -> [Result<(winner: Entry, token: String), Error>] {
         let tokens = records.map { _ in nextToken() }
-        let now = ContinuousClock.now
+        let deadline = ContinuousClock.now + timeout
         state.withLock { s in
-            for (token, r) in zip(tokens, records) {
-                s.expected[token] = Expected(id: r.record.id, deadline: now + timeout, writtenAt: now, mark: s.watch.mark)
-            }
+            for (token, r) in zip(tokens, records) { s.expected[token] = Expected(id: r.record.id, deadline: deadline) }
         }
         let messages = zip(tokens, records).map { token, r in
             OutboundMessage(
@@ -192,6 +195,9 @@ final class DecisionLog: Sendable {
             _ = try await client.publishWithoutWaiting(messages) { [self] outcome in
                 switch outcome {
                 case .success(let results):
+                    confirmed(zip(tokens, results).compactMap { token, result in
+                        if case .success = result { token } else { nil }
+                    })
                     for (token, result) in zip(tokens, results) {
                         if case .failure(let error) = result { fail(token, error) }
                     }
@@ -224,6 +230,14 @@ final class DecisionLog: Sendable {
             return n
         }
         return "\(tokenPrefix)-\(n)"
+    }
+
+    /// The broker stored these (still waiting, unless read back already).
+    private func confirmed(_ tokens: [String]) {
+        let now = ContinuousClock.now
+        state.withLock { s in
+            for token in tokens where s.expected[token] != nil { s.expected[token]!.confirmed = (now, s.watch.mark) }
+        }
     }
 
     /// Ends the wait for `token`'s read-back with `error`, unless it came back already.

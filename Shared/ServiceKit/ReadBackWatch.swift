@@ -6,12 +6,14 @@
 /// waits for ever, and only a new connection, to a node whose member reads,
 /// helps.
 ///
-/// It counts the reader's deliveries. A write that has waited `limit` for its
-/// read-back with not one delivery since it was written means the reader
-/// hangs (a reader that lags behind a backlog still delivers); the service
-/// then reconnects, at most once each `gap`. Pure: the caller passes the time.
+/// It counts the reader's deliveries, any at all. A write the broker has
+/// confirmed (stored) that has waited `limit` since for its read-back, with
+/// not one delivery in between, means the reader hangs (a reader that lags
+/// behind a backlog still delivers; a publish slow to confirm is not the
+/// reader's fault); the service then reconnects, at most once each `gap`.
+/// Pure: the caller passes the time.
 public struct ReadBackWatch: Sendable {
-    /// A write unread this long, with nothing read since it was written: the reader hangs.
+    /// A write unread this long after its confirm, with nothing read since: the reader hangs.
     public let limit: Duration
     /// At most one verdict this often (a new connection reads the stream from
     /// its start again, which must have the time to).
@@ -28,11 +30,11 @@ public struct ReadBackWatch: Sendable {
     /// One delivery read.
     public mutating func read() { reads &+= 1 }
 
-    /// What a write made now notes: the reads so far.
+    /// What a write confirmed now notes: the reads so far.
     public var mark: UInt64 { reads }
 
-    /// A write made at `writtenAt`, when `mark` was taken, has not been read
-    /// back by `now`: whether the reader hangs and the service should
+    /// A write confirmed at `writtenAt`, when `mark` was taken, has not been
+    /// read back by `now`: whether the reader hangs and the service should
     /// reconnect now.
     public mutating func unread(writtenAt: ContinuousClock.Instant, mark: UInt64, now: ContinuousClock.Instant) -> Bool {
         guard now - writtenAt >= limit, reads == mark else { return false }
