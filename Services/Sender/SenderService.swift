@@ -473,15 +473,42 @@ final class SenderService: Service {
         var commands: [SenderCommand] = []
         let window = UInt64(clamping: configuration.lifetimeSeconds)
         let now = UInt64(Date().timeIntervalSince1970)
+        // A stream consumer that hangs (RabbitMQ 3.10, its member restarted)
+        // would hold the term, and the partition's lock, for ever: nothing
+        // read for `StatusLogReader.stallTimeout` closes the channel, and the
+        // term ends for a new connection (maybe to another node) to try again.
+        let lastRead = Atomic<Int64>(Int64(now))
+        let stalled = Atomic<Bool>(false)
+        let watchdog = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(1))
+                if Int64(Date().timeIntervalSince1970) - lastRead.load(ordering: .relaxed) > Int64(StatusLogReader.stallTimeout) {
+                    stalled.store(true, ordering: .relaxed)
+                    await channel.close()
+                    return
+                }
+            }
+        }
+        defer { watchdog.cancel() }
+        var sawMarker = false
         for try await d in consumer {
+            lastRead.store(Int64(Date().timeIntervalSince1970), ordering: .relaxed)
             try? d.ack()
-            if d.properties.messageID == marker { break }
+            if d.properties.messageID == marker {
+                sawMarker = true
+                break
+            }
             // Saturating: a timestamp from the future (however far) is age 0, never a trap.
             if let written = d.properties.timestamp, now.subtractingClamped(written) > window { continue }
             // Only commands this sender kept: anyone could publish into the stream by name.
             if d.properties.userID == configuration.login, let command = SenderCommand(type: d.properties.type, body: d.body) {
                 commands.append(command)
             }
+        }
+        guard sawMarker else {
+            throw AMQPError(
+                .timeout, stalled.load(ordering: .relaxed)
+                    ? "the commands stream gave nothing back for \(Int(StatusLogReader.stallTimeout)) s" : "the commands stream ended before its marker")
         }
         return commands
     }
