@@ -46,6 +46,9 @@ final class DecisionLog: Sendable {
 
     /// A record unread this long, with nothing read since it was stored: the
     /// log's consumer hangs (`ReadBackWatch`), and the router reconnects.
+    /// (Only a record confirmed within the read-back's timeout less this, 5 s,
+    /// of its append can give that verdict; in the hang confirms are prompt,
+    /// and each later window is another chance.)
     static let hangsAfter = Duration.seconds(10)
     /// At most one such reconnect this often.
     static let reconnectGap = Duration.seconds(60)

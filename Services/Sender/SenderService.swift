@@ -477,12 +477,15 @@ final class SenderService: Service {
         // would hold the term, and the partition's lock, for ever: nothing
         // read for `StatusLogReader.stallTimeout` closes the channel, and the
         // term ends for a new connection (maybe to another node) to try again.
-        let lastRead = Atomic<Int64>(Int64(now))
+        let started = ContinuousClock.now
+        let elapsedMs: @Sendable () -> Int64 = { Int64((ContinuousClock.now - started) / .milliseconds(1)) }
+        let lastReadMs = Atomic<Int64>(0)
         let stalled = Atomic<Bool>(false)
+        let stallMs = Int64(StatusLogReader.stallTimeout * 1000)
         let watchdog = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .seconds(1))
-                if Int64(Date().timeIntervalSince1970) - lastRead.load(ordering: .relaxed) > Int64(StatusLogReader.stallTimeout) {
+                if elapsedMs() - lastReadMs.load(ordering: .relaxed) > stallMs {
                     stalled.store(true, ordering: .relaxed)
                     await channel.close()
                     return
@@ -490,25 +493,29 @@ final class SenderService: Service {
             }
         }
         defer { watchdog.cancel() }
+        let stall = AMQPError(.timeout, "the commands stream gave nothing back for \(Int(StatusLogReader.stallTimeout)) s")
         var sawMarker = false
-        for try await d in consumer {
-            lastRead.store(Int64(Date().timeIntervalSince1970), ordering: .relaxed)
-            try? d.ack()
-            if d.properties.messageID == marker {
-                sawMarker = true
-                break
+        do {
+            for try await d in consumer {
+                lastReadMs.store(elapsedMs(), ordering: .relaxed)
+                try? d.ack()
+                if d.properties.messageID == marker {
+                    sawMarker = true
+                    break
+                }
+                // Saturating: a timestamp from the future (however far) is age 0, never a trap.
+                if let written = d.properties.timestamp, now.subtractingClamped(written) > window { continue }
+                // Only commands this sender kept: anyone could publish into the stream by name.
+                if d.properties.userID == configuration.login, let command = SenderCommand(type: d.properties.type, body: d.body) {
+                    commands.append(command)
+                }
             }
-            // Saturating: a timestamp from the future (however far) is age 0, never a trap.
-            if let written = d.properties.timestamp, now.subtractingClamped(written) > window { continue }
-            // Only commands this sender kept: anyone could publish into the stream by name.
-            if d.properties.userID == configuration.login, let command = SenderCommand(type: d.properties.type, body: d.body) {
-                commands.append(command)
-            }
+        } catch {
+            // The watchdog's close fails the consumer: say why.
+            throw stalled.load(ordering: .relaxed) ? stall : error
         }
         guard sawMarker else {
-            throw AMQPError(
-                .timeout, stalled.load(ordering: .relaxed)
-                    ? "the commands stream gave nothing back for \(Int(StatusLogReader.stallTimeout)) s" : "the commands stream ended before its marker")
+            throw stalled.load(ordering: .relaxed) ? stall : AMQPError(.timeout, "the commands stream ended before its marker")
         }
         return commands
     }
