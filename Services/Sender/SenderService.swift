@@ -404,6 +404,7 @@ final class SenderService: Service {
         noteLeading(k, true)
         defer { noteLeading(k, false) }
         logger.info("leading", [("partition", .int(k)), ("routes", .int(partitions.routes(k, of: table).count))])
+        let takingOver = ContinuousClock.now
         let publisher = try await connection.openChannel()
         try await publisher.confirmSelect()
         let replayed = try await replayCommands(connection, publisher)
@@ -418,6 +419,11 @@ final class SenderService: Service {
                 lifetimeSeconds: configuration.lifetimeSeconds),
             logger: logger, metrics: metrics, statusLog: statusLog, login: configuration.login, routerLogin: configuration.routerUser)
         metrics.terms.increment()
+        // How long the takeover read (a slow one holds every dispatch of the partition).
+        logger.info("term ready", [
+            ("partition", .int(k)), ("commands", .int(replayed.count)),
+            ("took_ms", .int(Int((ContinuousClock.now - takingOver) / .milliseconds(1)))),
+        ])
         // The term's loop runs on its connection's thread: an input or a
         // confirm resumes it there, with no thread of the pool to wake.
         try await withTaskExecutorPreference(connection.executor) {
