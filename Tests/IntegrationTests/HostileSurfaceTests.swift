@@ -156,7 +156,7 @@ extension BrokerIntegration {
                 #expect(states(events, "rf-2").last == "replied")
                 #expect(await refusing.tasks.all.isEmpty)
                 // One term throughout: a refused task no longer ends it.
-                #expect(try await terms(h, sender) == 1)
+                #expect(try await h.terms(sender) == 1)
                 await refusing.stop()
                 await other.stop()
             }
@@ -184,7 +184,7 @@ extension BrokerIntegration {
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
                 let after = try await h.events(untilEnded: "dq-2")
                 #expect(states(after, "dq-2") == ["sending", "sending", "sending", "replied"])
-                #expect(try await terms(h, sender) == 1)
+                #expect(try await h.terms(sender) == 1)
                 await agent.stop()
                 await other.stop()
             }
@@ -204,15 +204,9 @@ extension BrokerIntegration {
                     states(events, "ex-1").last == "replied" && states(events, "ex-2").last == "queued"
                 }
                 #expect(states(events, "ex-2") == ["drafted", "routing", "queued"])
-                #expect(try await terms(h, sender) == 1)
+                #expect(try await h.terms(sender) == 1)
                 await other.stop()
             }
-        }
-
-        /// How many terms the sender `p` began (`frontdesk_sender_terms_total`).
-        func terms(_ h: RouterHarness, _ p: Process) async throws -> Int? {
-            let line = try await h.metrics(p).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_terms_total ") }
-            return line.flatMap { Double($0.split(separator: " ").last ?? "").map { Int($0) } }
         }
     }
 }

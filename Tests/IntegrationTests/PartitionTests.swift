@@ -106,6 +106,9 @@ extension BrokerIntegration {
                 try await h.startRouter()
                 let a = try await h.startSender(extraEnvironment: Self.partitions)
                 try await waitUntilLed(h, [a], [4])
+                // Led is counted once a lock is held; the hand-off needs
+                // partition 0's term too, past its takeover read.
+                try await h.waitUntil("the four terms begun", within: .seconds(40)) { try await h.terms(a) ?? 0 >= 4 }
                 let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
                 try await h.waitUntilSenderSeesAgents(a, on: "acme/legal")
                 try await h.publish("dispatch.request", #"{"id":"pm-1","input":"the contract","project":"acme","target":"legal"}"#)

@@ -210,6 +210,12 @@ final class RouterHarness: @unchecked Sendable {
         return String(decoding: data, as: UTF8.self)
     }
 
+    /// How many terms the sender `p` began (`frontdesk_sender_terms_total`).
+    func terms(_ p: Process) async throws -> Int? {
+        let line = try await metrics(p).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_terms_total ") }
+        return line.flatMap { Double($0.split(separator: " ").last ?? "").map { Int($0) } }
+    }
+
     /// A new connection after the broker went away.
     func reconnect() async throws {
         let deadline = ContinuousClock.now + .seconds(30)
