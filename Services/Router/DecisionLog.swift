@@ -128,7 +128,7 @@ final class DecisionLog: Sendable {
         let now = ContinuousClock.now
         let (overdue, hangs) = state.withLock { s -> ([CheckedContinuation<Entry, Error>?], Bool) in
             // The oldest record stored and still unread decides whether the reader hangs.
-            let oldest = s.expected.values.compactMap(\.confirmed).min { $0.at < $1.at }
+            let oldest = s.expected.values.lazy.compactMap(\.confirmed).min { $0.at < $1.at }
             let hangs = connected && (oldest.map { s.watch.unread(writtenAt: $0.at, mark: $0.mark, now: now) } ?? false)
             let tokens = s.expected.filter { $0.value.deadline <= now }.map(\.key)
             let waiters = tokens.map { token in

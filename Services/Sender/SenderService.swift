@@ -486,13 +486,13 @@ final class SenderService: Service {
         let started = ContinuousClock.now
         let elapsedMs: @Sendable () -> Int64 = { Int64((ContinuousClock.now - started) / .milliseconds(1)) }
         let lastReadMs = Atomic<Int64>(0)
-        let stalled = Atomic<Bool>(false)
+        let stalled = Flag()
         let stallMs = Int64(StatusLogReader.stallTimeout * 1000)
         let watchdog = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .seconds(1))
                 if elapsedMs() - lastReadMs.load(ordering: .relaxed) > stallMs {
-                    stalled.store(true, ordering: .relaxed)
+                    stalled.set()
                     await channel.close()
                     return
                 }
@@ -518,10 +518,10 @@ final class SenderService: Service {
             }
         } catch {
             // The watchdog's close fails the consumer: say why.
-            throw stalled.load(ordering: .relaxed) ? stall : error
+            throw stalled.isSet ? stall : error
         }
         guard sawMarker else {
-            throw stalled.load(ordering: .relaxed) ? stall : AMQPError(.timeout, "the commands stream ended before its marker")
+            throw stalled.isSet ? stall : AMQPError(.timeout, "the commands stream ended before its marker")
         }
         return commands
     }
@@ -541,10 +541,6 @@ final class StatusLogReader: Sendable {
     static let stallTimeout: TimeInterval = 30
     /// How often a standby checks that its reader still reads.
     static let probeInterval = Duration.seconds(10)
-
-    final class Flag: Sendable {
-        let value = Atomic<Bool>(false)
-    }
 
     let log: StatusLog
     private let channel: AMQPChannel
@@ -573,7 +569,7 @@ final class StatusLogReader: Sendable {
         let ended = Flag()
         let reader = Task {
             defer {
-                ended.value.store(true, ordering: .releasing)
+                ended.set()
                 log.giveUpAll()  // no marker will be read any more
             }
             var count = 0
@@ -593,7 +589,7 @@ final class StatusLogReader: Sendable {
     /// when the reader stopped, or has taken nothing for `stallTimeout` (a
     /// long backlog is fine as long as it moves).
     private func readToMarker(_ publisher: AMQPChannel) async throws {
-        guard !ended.value.load(ordering: .acquiring) else {
+        guard !ended.isSet else {
             throw AMQPError(.consumerCancelled, "the status log stopped being read")
         }
         let marker = "marker-\(UUID().uuidString)"
@@ -644,7 +640,7 @@ final class StatusLogReader: Sendable {
     }
 
     /// The reader stopped (its consumer or channel ended).
-    var hasEnded: Bool { ended.value.load(ordering: .acquiring) }
+    var hasEnded: Bool { ended.isSet }
 }
 
 /// With several partitions: the replica's status log, and the reader that
@@ -668,4 +664,13 @@ actor SharedStatusLog {
         guard let reader, let since, ContinuousClock.now - since >= settle, !reader.hasEnded else { return nil }
         return reader
     }
+}
+
+/// A flag one thread sets and others read, or take.
+final class Flag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func set() { value.store(true, ordering: .releasing) }
+    var isSet: Bool { value.load(ordering: .acquiring) }
+    /// Whether it was set, clearing it.
+    func take() -> Bool { value.exchange(false, ordering: .acquiringAndReleasing) }
 }

@@ -1,6 +1,5 @@
 import AMQP
 import Foundation
-import Synchronization
 import FrontDeskModel
 import ServiceKit
 
@@ -97,13 +96,6 @@ final class SenderTerm {
     /// Set when the broker nacked a task (the window went on without it).
     let taskNacked: Flag
 
-    /// A flag one thread sets and another takes.
-    final class Flag: Sendable {
-        private let value = Atomic<Bool>(false)
-        func set() { value.store(true, ordering: .relaxed) }
-        /// Whether it was set, clearing it.
-        func take() -> Bool { value.exchange(false, ordering: .relaxed) }
-    }
     let table: RoutingTable
     /// The partition this term leads, of how many, and its routes.
     let partition: Int

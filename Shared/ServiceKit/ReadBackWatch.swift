@@ -19,7 +19,7 @@ public struct ReadBackWatch: Sendable {
     /// its start again, which must have the time to).
     public let gap: Duration
     /// Deliveries read so far.
-    public private(set) var reads: UInt64 = 0
+    private var reads: UInt64 = 0
     private var lastVerdict: ContinuousClock.Instant?
 
     public init(limit: Duration, gap: Duration) {
