@@ -66,6 +66,17 @@ public final class AMQPClient: Sendable {
         ConnectionTaskExecutor { [weak self] in self?.state.withLock { $0.live?.connection.core } }
     }
 
+    /// Pauses for `duration`, timed by the current connection's thread (see
+    /// `AMQPConnection.sleep`); with no connection, by the global pool's
+    /// timer. Ends early when the connection ends; not cancellable.
+    public func sleep(for duration: Duration) async {
+        if let core = state.withLock({ $0.live?.connection.core }) {
+            await core.sleep(for: duration)
+        } else {
+            try? await Task.sleep(for: duration)
+        }
+    }
+
     // MARK: State
 
     public var connectionState: ConnectionState { state.withLock { $0.connectionState } }

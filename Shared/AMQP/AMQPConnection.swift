@@ -76,6 +76,13 @@ public final class AMQPConnection: Sendable {
     /// once the connection has ended, on the global pool.
     public var executor: ConnectionTaskExecutor { ConnectionTaskExecutor { [core] in core } }
 
+    /// Pauses for `duration`, timed by this connection's thread: a task on
+    /// `executor` resumes there, woken by no other thread. Ends early when
+    /// the connection ends; not cancellable (for short pauses).
+    public func sleep(for duration: Duration) async {
+        await core.sleep(for: duration)
+    }
+
     /// Why the broker currently blocks publishing (connection.blocked), if it does.
     public var blockedReason: String? { core.blockedReason }
 

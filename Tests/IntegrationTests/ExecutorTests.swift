@@ -14,6 +14,13 @@ extension BrokerIntegration {
             subscript(_ who: String) -> Set<UInt> { seen.withLock { $0[who] ?? [] } }
         }
 
+        /// The sleepers' durations, in the order they woke.
+        final class Woken: Sendable {
+            private let seen = Mutex<[Int]>([])
+            func note(_ ms: Int) { seen.withLock { $0.append(ms) } }
+            var order: [Int] { seen.withLock { $0 } }
+        }
+
         @Test func aTaskPreferringTheExecutorRunsOnTheConnectionsThreadAcrossSuspensions() async throws {
             let connection = try await TestBroker.connect("executor")
             let channel = try await connection.openChannel()
@@ -62,6 +69,66 @@ extension BrokerIntegration {
                 return true
             }
             #expect(late)
+        }
+
+        @Test func aSleepIsTimedByTheConnectionsThreadWhichGoesOnWithItsWork() async throws {
+            let connection = try await TestBroker.connect("executor-sleep")
+            let channel = try await connection.openChannel()
+            let queue = TestBroker.uniqueName("executor-sleep")
+            try await channel.queueDeclare(queue, durable: false, autoDelete: true)
+            let threads = Threads()
+            let (delivered, arrival) = AsyncStream<ContinuousClock.Instant>.makeStream()
+            _ = try await channel.consume(queue: queue, noAck: true, deliver: { _ in
+                threads.note("connection")
+                arrival.yield(.now)
+            }, finished: { _ in })
+            // Three sleepers at once, woken in the order of their deadlines.
+            let woken = Woken()
+            let started = ContinuousClock.now
+            try await withTaskExecutorPreference(connection.executor) {
+                try await withThrowingDiscardingTaskGroup { group in
+                    for ms in [300, 100, 200] {
+                        group.addTask {
+                            await connection.sleep(for: .milliseconds(ms))
+                            threads.note("sleeper")
+                            woken.note(ms)
+                        }
+                    }
+                    // While they sleep, the connection still delivers at once.
+                    let sent = ContinuousClock.now
+                    try await channel.publish(exchange: "", routingKey: queue, body: Data("x".utf8))
+                    let at = try await delivered.first(1, timeout: .seconds(10))
+                    #expect(at.count == 1 && at[0] - sent < .milliseconds(90), "a delivery waited for the sleepers")
+                }
+            }
+            let elapsed = ContinuousClock.now - started
+            #expect(woken.order == [100, 200, 300])
+            #expect(elapsed >= .milliseconds(300) && elapsed < .seconds(5), "slept \(elapsed)")
+            #expect(threads["sleeper"] == threads["connection"] && threads["connection"].count == 1, "a sleeper woke off the connection's thread")
+            await connection.close()
+        }
+
+        @Test func aSleepEndsWhenItsConnectionEnds() async throws {
+            let connection = try await TestBroker.connect("executor-sleep-end")
+            let (started, start) = AsyncStream<Void>.makeStream()
+            let sleeper = Task(executorPreference: connection.executor) { () async -> ContinuousClock.Instant in
+                start.yield()
+                await connection.sleep(for: .seconds(600))
+                return ContinuousClock.now
+            }
+            #expect(try await started.first(1, timeout: .seconds(10)).count == 1, "the sleeper did not start")
+            // A round trip through the loop: the sleeper's timer, asked for in
+            // the job that yielded, is set before the reply comes.
+            _ = try await connection.openChannel()
+            let closing = ContinuousClock.now
+            await connection.close()
+            let woke = await sleeper.value
+            #expect(woke >= closing, "the sleep ended before the connection did")
+            #expect(woke - closing < .seconds(10), "the sleep outlived its connection")
+            // After the end, at once.
+            let t = ContinuousClock.now
+            await connection.sleep(for: .seconds(600))
+            #expect(ContinuousClock.now - t < .seconds(1))
         }
     }
 }

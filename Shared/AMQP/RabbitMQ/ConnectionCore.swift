@@ -161,6 +161,18 @@ final class ConnectionCore: Sendable {
         endError ?? AMQPError(.connectionClosed, "the connection \(name) is closed")
     }
 
+    /// Returns after `duration`, timed by the owner thread's own wait: a task
+    /// on this connection's executor resumes there without another thread's
+    /// timer. Returns early once the connection ends, and at once if it has.
+    /// Not cancellable: meant for short pauses.
+    func sleep(for duration: Duration) async {
+        await withUnsafeContinuation { (c: UnsafeContinuation<Void, Never>) in
+            let deadline = ContinuousClock.now + duration
+            let accepted = submit { loop in loop.addTimer(at: deadline) { c.resume() } }
+            if !accepted { c.resume() }
+        }
+    }
+
     /// Runs `body` on the owner thread and returns its result.
     func perform<T: Sendable>(_ body: @escaping @Sendable (ConnectionLoop) throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { (c: CheckedContinuation<T, Error>) in

@@ -51,6 +51,10 @@ final class ConnectionLoop {
     var reofferBytes = 0
     var reofferChannel: ChannelState?
     var lastReofferRound = ContinuousClock.now
+    /// Sleepers timed by this thread's own wait (`ConnectionCore.sleep`): a
+    /// task on the connection's executor pauses without another thread's
+    /// timer waking it and then this one. Few at a time: scanned, not sorted.
+    private var timers: [(deadline: ContinuousClock.Instant, wake: () -> Void)] = []
 
     init(
         core: ConnectionCore, conn: amqp_connection_state_t, heartbeatSeconds: Int, confirmTimeout: Duration,
@@ -94,12 +98,15 @@ final class ConnectionLoop {
             if failure != nil { break }
             sendHeartbeatIfDue()
             expireConfirmsIfDue()
+            // A woken sleeper's task is queued as a command: the loop turns
+            // again before it waits.
+            let timeoutMs = wakeDueTimers()
             // Wait at once, without spinning first: measured with
             // pipeline-bench, 50 turns of sched_yield after work cost CPU and
             // bought no latency. `prepareToWait` re-checks for commands.
             flushOutput()
             if amqp_frames_enqueued(conn) == 0, amqp_data_in_buffer(conn) == 0, core.prepareToWait() {
-                readable = waitForInput(timeoutMs: 200)
+                readable = waitForInput(timeoutMs: timeoutMs)
                 core.finishedWaiting()
             }
         }
@@ -117,6 +124,10 @@ final class ConnectionLoop {
         let ending = error ?? AMQPError(.connectionClosed, "the connection \(core.name) was closed")
         for ch in channels.values { ch.fail(ending) }
         channels.removeAll()
+        // Sleepers end early; any that race with the end are woken as they come (`addTimer`).
+        let sleepers = timers
+        timers = []
+        for t in sleepers { t.wake() }
         // Commands that raced with the end run against the failed loop and fail.
         for command in core.stopAccepting() { command(self) }
         amqp_destroy_connection(conn)
@@ -124,6 +135,36 @@ final class ConnectionLoop {
     }
 
     func requestClose() { closeRequested = true }
+
+    /// Calls `wake` on this thread once `deadline` has passed, or at once
+    /// when the connection has ended (it never turns again).
+    func addTimer(at deadline: ContinuousClock.Instant, _ wake: @escaping () -> Void) {
+        guard failure == nil, !closeRequested else { return wake() }
+        timers.append((deadline, wake))
+    }
+
+    /// Wakes the sleepers whose deadline has passed; returns how long the
+    /// loop may wait for input: 200 ms, or less until the next deadline
+    /// (rounded up to whole milliseconds, so it never spins before one).
+    private func wakeDueTimers() -> Int32 {
+        guard !timers.isEmpty else { return 200 }
+        let now = ContinuousClock.now
+        var due: [() -> Void] = []
+        var next = now + .milliseconds(200)
+        timers.removeAll { t in
+            if t.deadline <= now {
+                due.append(t.wake)
+                return true
+            }
+            next = min(next, t.deadline)
+            return false
+        }
+        for wake in due { wake() }
+        // Rounded up: a wait of 0.3 ms is 1 ms, not a busy turn.
+        let (seconds, attoseconds) = (next - now).components
+        let ms = seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
+        return Int32(clamping: max(0, min(200, ms)))
+    }
 
     /// Waits for the socket or a command; true when the socket has
     /// something to read (or an error to report).
