@@ -20,6 +20,19 @@ public final class BatchQueue<Element: Sendable>: Sendable {
         @usableFromInline var cancelledBeforeWaiting = false
 
         @usableFromInline init() {}
+
+        /// The oldest `count` items (all of them with no copy, the usual case).
+        @inlinable
+        mutating func take(upTo count: Int) -> [Element] {
+            if items.count <= count {
+                var all: [Element] = []
+                swap(&all, &items)
+                return all
+            }
+            let batch = Array(items[..<count])
+            items.removeFirst(count)
+            return batch
+        }
     }
 
     @usableFromInline let state = Mutex(State())
@@ -53,21 +66,19 @@ public final class BatchQueue<Element: Sendable>: Sendable {
     @inlinable
     public func next() async -> [Element]? {
         while true {
-            let taken = state.withLock { s -> (batch: [Element], finished: Bool) in
-                if s.items.count <= limit {
-                    // The usual case: everything gathered goes, with no copy.
-                    var all: [Element] = []
-                    swap(&all, &s.items)
-                    return (all, s.finished)
-                }
-                let batch = Array(s.items[..<limit])
-                s.items.removeFirst(limit)
-                return (batch, s.finished)
-            }
+            let taken = state.withLock { s in (batch: s.take(upTo: limit), finished: s.finished) }
             if !taken.batch.isEmpty { return taken.batch }
             if taken.finished || Task.isCancelled { return nil }
             await waitForItems()
         }
+    }
+
+    /// What has gathered now, oldest first, up to `count` items, without
+    /// waiting: for a consumer that let its batch wait for more (`BatchLinger`).
+    @inlinable
+    public func takeAvailable(upTo count: Int) -> [Element] {
+        guard count > 0 else { return [] }
+        return state.withLock { $0.take(upTo: count) }
     }
 
     /// Returns once an item or the end has come, or the task is cancelled.

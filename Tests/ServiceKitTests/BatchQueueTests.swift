@@ -13,6 +13,19 @@ struct BatchQueueTests {
         #expect(await q.next() == [8])
     }
 
+    @Test func takingWhatIsThereNeverWaitsAndKeepsTheOrder() async {
+        let q = BatchQueue<Int>(limit: 10)
+        #expect(q.takeAvailable(upTo: 5) == [])
+        for i in 1...4 { q.yield(i) }
+        #expect(q.takeAvailable(upTo: 0) == [])
+        #expect(q.takeAvailable(upTo: -1) == [])
+        #expect(q.takeAvailable(upTo: 3) == [1, 2, 3])
+        q.yield(5)
+        #expect(q.takeAvailable(upTo: 3) == [4, 5])
+        q.yield(6)
+        #expect(await q.next() == [6])
+    }
+
     @Test func aWaitingConsumerIsWokenByAnItem() async {
         let q = BatchQueue<String>()
         let consumer = Task { await q.next() }
