@@ -30,6 +30,10 @@ public struct ServiceConfiguration: Sendable {
     public var routerUser = "router"
     /// How the sender's work is split by route; the router and every sender must agree.
     public var senderPartitions = SenderPartitions.one
+    /// How long the router lets a small batch of requests wait for more
+    /// while they come often enough that more are expected (`BatchLinger`); 0: never.
+    public var intakeLingerMs = Self.defaultIntakeLingerMs
+    public static let defaultIntakeLingerMs = 5
 
     /// This service's login on the broker: the `user_id` of its internal messages.
     public var login: String { amqp.url.user }
@@ -51,6 +55,9 @@ public struct ServiceConfiguration: Sendable {
             .init("FRONTDESK_HTTP_PORT", default: "\(defaultHTTPPort)", help: "port of /healthz, /readyz, /metrics; 0 turns it off"),
             .init("FRONTDESK_LOG_LEVEL", default: "info", help: "debug, info, warning or error"),
             .init("FRONTDESK_ROUTER_USER", default: "router", help: "the router's broker login; the sender takes hand-offs only from it"),
+            .init(
+                "FRONTDESK_INTAKE_LINGER_MS", default: "\(defaultIntakeLingerMs)",
+                help: "router: how long a small batch of requests may wait for more while more are expected, ms; 0: never"),
             .init(
                 "FRONTDESK_SENDER_PARTITIONS", default: "1",
                 help: "the sender's work split by route into this many partitions (1-\(SenderPartitions.maxCount)); the same for the router and every sender"),
@@ -105,6 +112,7 @@ public struct ServiceConfiguration: Sendable {
         }
         logLevel = parsed
         routerUser = values.string("FRONTDESK_ROUTER_USER", default: routerUser)
+        intakeLingerMs = try values.int("FRONTDESK_INTAKE_LINGER_MS", default: Self.defaultIntakeLingerMs, in: 0...1000)
         senderPartitions = SenderPartitions(count: try values.int("FRONTDESK_SENDER_PARTITIONS", default: 1, in: 1...SenderPartitions.maxCount))
     }
 }

@@ -18,6 +18,7 @@ struct OptionReaderTests {
         #expect(c.lifetimeSeconds == 14_400)
         #expect(c.retry == .init(baseMs: 1000, maxMs: 60_000, maxAttempts: 5))
         #expect(c.replyTimeoutSeconds == 600)
+        #expect(c.intakeLingerMs == 5)
         #expect(c.httpPort == 9101)
         #expect(c.routesPath == nil)
         #expect(c.amqp.connectionName == "frontdesk-router@h1")
@@ -26,7 +27,7 @@ struct OptionReaderTests {
 
     @Test func flagsWinOverTheEnvironment() throws {
         let c = try read(
-            ["--lifetime-s", "60", "--retry-base-ms=10", "--amqp-url", "amqps://u:p@b/v", "--http-port", "0"],
+            ["--lifetime-s", "60", "--retry-base-ms=10", "--amqp-url", "amqps://u:p@b/v", "--http-port", "0", "--intake-linger-ms", "0"],
             ["FRONTDESK_LIFETIME_S": "99", "FRONTDESK_RETRY_MAX_MS": "500", "FRONTDESK_MAX_ATTEMPTS": "3",
              "AMQP_CA_FILE": "/ca.pem", "FRONTDESK_ROUTES": "/r.json", "FRONTDESK_REPLY_TIMEOUT_S": "7"])
         #expect(c.lifetimeSeconds == 60)
@@ -36,11 +37,14 @@ struct OptionReaderTests {
         #expect(c.routesPath == "/r.json")
         #expect(c.replyTimeoutSeconds == 7)
         #expect(c.httpPort == 0)
+        #expect(c.intakeLingerMs == 0)
     }
 
     @Test(arguments: [
         (["--lifetime-s", "x"], "FRONTDESK_LIFETIME_S"),
         (["--max-attempts", "0"], "FRONTDESK_MAX_ATTEMPTS"),
+        (["--intake-linger-ms", "-1"], "FRONTDESK_INTAKE_LINGER_MS"),
+        (["--intake-linger-ms", "1001"], "FRONTDESK_INTAKE_LINGER_MS"),
         (["--bogus", "1"], "unknown option '--bogus'"),
         (["--lifetime-s"], "needs a value"),
         (["--amqp-url", "http://x"], "AMQP_URL"),
