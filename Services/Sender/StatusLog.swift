@@ -362,8 +362,12 @@ final class StatusLog: Sendable {
     /// The terminal event of `id` read from the stream lately, if kept.
     func recentEnd(_ id: String) -> RecentEnd? { state.withLock { $0.recentEnds[id] } }
 
+    /// Whether the key's last word is a terminal state: read in place, with
+    /// no array of words or strings made (called for every event confirmed).
     static func isTerminal(routingKey: String) -> Bool {
-        ["replied", "failed", "cancelled"].contains(routingKey.split(separator: ".").last.map(String.init) ?? "")
+        let utf8 = routingKey.utf8
+        let last = utf8.lastIndex(of: UInt8(ascii: ".")).map { utf8[utf8.index(after: $0)...] } ?? utf8[...]
+        return last.elementsEqual("replied".utf8) || last.elementsEqual("failed".utf8) || last.elementsEqual("cancelled".utf8)
     }
 
     /// The seq in a status event's message id (`<dispatch>/<seq>`).

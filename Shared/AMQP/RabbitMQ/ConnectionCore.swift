@@ -78,10 +78,15 @@ final class ConnectionCore: Sendable {
         return accepted
     }
 
+    /// The commands queued so far. Taken by swapping: keeping the capacity
+    /// of an array whose storage is handed out allocated a fresh one on
+    /// every turn of the loop, even with nothing queued (3% of the sender's
+    /// user-space samples at 166/s).
     func drain() -> [Command] {
         state.withLock { s in
-            let c = s.commands
-            s.commands.removeAll(keepingCapacity: true)
+            guard !s.commands.isEmpty else { return [] }
+            var c: [Command] = []
+            swap(&c, &s.commands)
             return c
         }
     }
