@@ -51,12 +51,17 @@ struct RouterService: Service {
             // dispatch alone costs nearly what a batch of several does.
             var linger = BatchLinger(linger: .milliseconds(configuration.intakeLingerMs), limit: Int(Self.batchLimit))
             while var batch = await batches.next() {
+                // The handling time a batch reports includes its wait.
+                let started = ContinuousClock.now
+                var gained: Int?
                 if let wait = linger.wait(for: batch.count) {
                     await client.sleep(for: wait)
-                    batch += batches.takeAvailable(upTo: linger.limit - batch.count)
+                    let more = batches.takeAvailable(upTo: linger.limit - batch.count)
+                    batch += more
+                    gained = more.count
                 }
-                linger.took(batch.count, at: .now)
-                let decided = await decide(batch)
+                linger.took(batch.count, gained: gained, at: .now)
+                let decided = await decide(batch, started: started)
                 await publish(decided, settlement.issue(), settlement)
             }
             await settlement.idle()
@@ -103,8 +108,7 @@ struct RouterService: Service {
     }
 
     /// Plans a batch: one decision-log append for its new ids.
-    func decide(_ batch: [AMQPDelivery]) async -> DecidedBatch {
-        let started = ContinuousClock.now
+    func decide(_ batch: [AMQPDelivery], started: ContinuousClock.Instant) async -> DecidedBatch {
         var plans = batch.map(plan)
         let pending = plans.indices.compactMap { i -> (Int, DispatchRecord, Data, (DeadLetterCode, String)?)? in
             guard case .decide(let record, let body, let dl) = plans[i] else { return nil }

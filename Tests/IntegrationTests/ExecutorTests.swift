@@ -113,7 +113,7 @@ extension BrokerIntegration {
             let (started, start) = AsyncStream<Void>.makeStream()
             let sleeper = Task(executorPreference: connection.executor) { () async -> ContinuousClock.Instant in
                 start.yield()
-                await connection.sleep(for: .seconds(600))
+                await connection.sleep(for: .seconds(30))
                 return ContinuousClock.now
             }
             #expect(try await started.first(1, timeout: .seconds(10)).count == 1, "the sleeper did not start")
@@ -127,7 +127,7 @@ extension BrokerIntegration {
             #expect(woke - closing < .seconds(10), "the sleep outlived its connection")
             // After the end, at once.
             let t = ContinuousClock.now
-            await connection.sleep(for: .seconds(600))
+            await connection.sleep(for: .seconds(30))
             #expect(ContinuousClock.now - t < .seconds(1))
         }
     }

@@ -57,6 +57,37 @@ extension BrokerIntegration {
             }
         }
 
+        /// Requests that come often wait for each other (FRONTDESK_INTAKE_LINGER_MS,
+        /// long here so that it shows): every one still goes through, in order,
+        /// and the handling time the router reports includes the wait; with no
+        /// linger nothing waits.
+        @Test(arguments: [300, 0])
+        func requestsThatComeOftenWaitForEachOtherAndAllGoThrough(lingerMs: Int) async throws {
+            try await withHarness("linger-\(lingerMs)") { h in
+                let router = try await h.startRouter(extraEnvironment: ["FRONTDESK_INTAKE_LINGER_MS": "\(lingerMs)"])
+                let ids = (0..<30).map { "l-\($0)" }
+                for id in ids {
+                    try await h.publish("dispatch.request", #"{"id":"\#(id)","input":"x","project":"acme","target":"legal"}"#)
+                    // Paced (not waiting for anything): ~80 a second, several expected within the linger.
+                    try await Task.sleep(for: .milliseconds(12))
+                }
+                let handOffs = try await h.drain("frontdesk.sender.inbox", count: ids.count)
+                #expect(handOffs.map { $0.properties.correlationID ?? "?" } == ids)
+                let lines = try await h.metrics(router).split(separator: "\n")
+                func value(_ prefix: String) -> Double? {
+                    lines.first { $0.hasPrefix(prefix) }.flatMap { Double($0.split(separator: " ").last ?? "") }
+                }
+                let count = try #require(value("frontdesk_router_handling_seconds_count "))
+                let quick = try #require(value(#"frontdesk_router_handling_seconds_bucket{le="0.25"} "#))
+                #expect(count == Double(ids.count))
+                if lingerMs > 0 {
+                    #expect(quick < count / 2, "\(Int(quick)) of \(Int(count)) handled within 0.25 s: no wait")
+                } else {
+                    #expect(quick == count, "\(Int(count - quick)) of \(Int(count)) took over 0.25 s with no linger")
+                }
+            }
+        }
+
         @Test func everyDeadLetterCodeWithItsHeaders() async throws {
             try await withHarness("deadletters") { h in
                 try await h.startRouter()

@@ -23,30 +23,76 @@ struct BatchLingerTests {
         #expect(l.wait(for: 1) == nil)
     }
 
-    @Test func itemsComingOftenMakeASmallBatchWaitButNotAFullOne() {
+    @Test func itemsComingOftenMakeASmallBatchWaitButNotAHalfFullOne() {
         // 400 a second: 2.5 ms apart, two expected within 5 ms.
-        let (l, _) = taking(BatchLinger(linger: .milliseconds(5), limit: 4), batches: 20, of: 1, every: .microseconds(2500), from: t0)
+        let (l, _) = taking(BatchLinger(linger: .milliseconds(5), limit: 8), batches: 20, of: 1, every: .microseconds(2500), from: t0)
         #expect(l.wait(for: 1) == .milliseconds(5))
         #expect(l.wait(for: 3) == .milliseconds(5))
         #expect(l.wait(for: 4) == nil)
+        #expect(l.wait(for: 8) == nil)
     }
 
     @Test func itemsComingSeldomGoAtOnce() {
-        // 166 a second: 6 ms apart, less than one more expected within 5 ms.
+        // 166 a second: 6 ms apart, 0.83 more expected within 5 ms.
         let (l, _) = taking(BatchLinger(linger: .milliseconds(5), limit: 256), batches: 50, of: 1, every: .milliseconds(6), from: t0)
         #expect(l.wait(for: 1) == nil)
-        // 250 a second: 0.8 more expected, still not worth a wait.
+        // 250 a second: 1.25 more expected, still fewer than one and a half.
         let (m, _) = taking(l, batches: 50, of: 1, every: .milliseconds(4), from: t0 + .seconds(1))
         #expect(m.wait(for: 1) == nil)
     }
 
+    @Test func oneAndAHalfExpectedIsJustEnough() {
+        // 4 ms apart with a 6 ms linger: exactly 1.5 expected (exact in binary: 0.004 × 1.5 ≤ 0.006).
+        let (l, _) = taking(BatchLinger(linger: .milliseconds(6), limit: 256), batches: 40, of: 1, every: .milliseconds(4), from: t0)
+        #expect(l.wait(for: 1) == .milliseconds(6))
+        let (m, _) = taking(BatchLinger(linger: .microseconds(5990), limit: 256), batches: 40, of: 1, every: .milliseconds(4), from: t0)
+        #expect(m.wait(for: 1) == nil)
+    }
+
     @Test func twoItemsThatHappenToComeCloseAtALowRateDoNotStartTheWaits() {
-        var (l, now) = taking(BatchLinger(linger: .milliseconds(5), limit: 256), batches: 50, of: 1, every: .milliseconds(6), from: t0)
-        l.took(1, at: now + .milliseconds(1))
+        let (steady, next) = taking(BatchLinger(linger: .milliseconds(5), limit: 256), batches: 50, of: 1, every: .milliseconds(6), from: t0)
+        var l = steady
+        // The last take was at `next` - 6 ms: one more a millisecond after it.
+        let close = next - .milliseconds(5)
+        l.took(1, at: close)
+        // The smoothed gap moves a quarter of the way from 6 ms to 1 ms: 4.75 ms.
+        #expect(abs((l.gap ?? 0) - 0.00475) < 0.0001)
         #expect(l.wait(for: 1) == nil)
-        now += .milliseconds(7)
-        l.took(1, at: now)
+        l.took(1, at: close + .milliseconds(6))
         #expect(l.wait(for: 1) == nil)
+    }
+
+    @Test func clumpsThatWaitingCannotGrowStopTheWaitsAndAreTriedAgainNowAndThen() {
+        // Ten at once every 30 ms: 3 ms apart on average, but a wait after a clump brings nothing.
+        var l = BatchLinger(linger: .milliseconds(5), limit: 256)
+        var now = t0
+        var waits = 0
+        for _ in 0..<200 {
+            if l.wait(for: 10) != nil {
+                waits += 1
+                l.took(10, gained: 0, at: now + .milliseconds(5))
+            } else {
+                l.took(10, at: now)
+            }
+            now += .milliseconds(30)
+        }
+        // Three waits to learn, then a try every few dozen clumps: not every clump.
+        #expect(waits >= 3 && waits <= 20, "waited after \(waits) of 200 clumps")
+        // Waits that bring something keep it waiting.
+        var m = BatchLinger(linger: .milliseconds(5), limit: 256)
+        var t = t0
+        var kept = 0
+        for _ in 0..<200 {
+            if m.wait(for: 1) != nil {
+                kept += 1
+                m.took(3, gained: 2, at: t + .milliseconds(5))
+                t += .milliseconds(5)
+            } else {
+                m.took(1, at: t)
+                t += .milliseconds(2)
+            }
+        }
+        #expect(kept >= 190)
     }
 
     @Test func largerBatchesCountAsMoreItems() {

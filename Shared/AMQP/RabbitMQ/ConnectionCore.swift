@@ -171,7 +171,7 @@ final class ConnectionCore: Sendable {
     /// timer. Returns early once the connection ends, and at once if it has.
     /// Not cancellable: meant for short pauses.
     func sleep(for duration: Duration) async {
-        await withUnsafeContinuation { (c: UnsafeContinuation<Void, Never>) in
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let deadline = ContinuousClock.now + duration
             let accepted = submit { loop in loop.addTimer(at: deadline) { c.resume() } }
             if !accepted { c.resume() }
