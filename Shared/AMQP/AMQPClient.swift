@@ -68,7 +68,8 @@ public final class AMQPClient: Sendable {
 
     /// Pauses for `duration`, timed by the current connection's thread (see
     /// `AMQPConnection.sleep`); with no connection, by the global pool's
-    /// timer. Ends early when the connection ends; not cancellable.
+    /// timer. Ends early when the connection ends (with none, when the
+    /// task is cancelled): for short pauses that may be cut short.
     public func sleep(for duration: Duration) async {
         if let core = state.withLock({ $0.live?.connection.core }) {
             await core.sleep(for: duration)
