@@ -20,8 +20,16 @@ public struct BatchLinger: Sendable, Equatable {
     public let linger: Duration
     /// The consumer's batch limit: a batch half as large never waits.
     public let limit: Int
-    /// Seconds between items, smoothed over the batches taken (nil: none yet).
-    public private(set) var gap: Double?
+    /// Seconds between items (nil: no estimate yet): the smoothed time
+    /// between takes over the smoothed items a take. A ratio of averages,
+    /// not an average of ratios, which runs high while it waits (a wait
+    /// that brings three items in 7.5 ms is 2.5 ms an item, not more).
+    public var gap: Double? {
+        guard let elapsed = meanElapsed, let count = meanCount, count > 0 else { return nil }
+        return elapsed / count
+    }
+    private var meanElapsed: Double?
+    private var meanCount: Double?
     /// How often a wait brought at least one item, smoothed over the waits;
     /// drifts back up (`retry`) while it keeps the consumer from waiting.
     public private(set) var gain: Double = 1
@@ -33,7 +41,7 @@ public struct BatchLinger: Sendable, Equatable {
     static let expectedMore = 1.5
     /// Waits only while at least this share of waits bring something.
     static let worthwhileGain = 0.5
-    /// How fast `gain` drifts back to 1 with each batch that did not wait for lack of it.
+    /// How fast a `gain` below `worthwhileGain` drifts back to 1 with each batch that did not wait.
     static let retry = 1.0 / 64
 
     public init(linger: Duration, limit: Int) {
@@ -43,7 +51,7 @@ public struct BatchLinger: Sendable, Equatable {
 
     /// How long a batch of `count` items should wait for more: nil to take it as it is.
     public func wait(for count: Int) -> Duration? {
-        guard linger > .zero, count < (limit + 1) / 2, let gap, gain >= Self.worthwhileGain else { return nil }
+        guard linger > .zero, count < limit - limit / 2, let gap, gain >= Self.worthwhileGain else { return nil }
         return Self.seconds(linger) >= Self.expectedMore * gap ? linger : nil
     }
 
@@ -57,8 +65,9 @@ public struct BatchLinger: Sendable, Equatable {
             gain += Self.retry * (1 - gain)
         }
         guard let last = lastTaken, count > 0 else { return }
-        let current = max(0, Self.seconds(now - last)) / Double(count)
-        gap = gap.map { $0 + Self.smoothing * (current - $0) } ?? current
+        let elapsed = max(0, Self.seconds(now - last)), items = Double(count)
+        meanElapsed = meanElapsed.map { $0 + Self.smoothing * (elapsed - $0) } ?? elapsed
+        meanCount = meanCount.map { $0 + Self.smoothing * (items - $0) } ?? items
     }
 
     static func seconds(_ d: Duration) -> Double {

@@ -30,6 +30,14 @@ struct BatchLingerTests {
         #expect(l.wait(for: 3) == .milliseconds(5))
         #expect(l.wait(for: 4) == nil)
         #expect(l.wait(for: 8) == nil)
+        // Half the limit, rounded up, never waits; nor does any batch with a limit of 1 or 2.
+        for (limit, largestWaiting) in [(1, 0), (2, 0), (3, 1), (256, 127), (Int.max, Int.max / 2)] {
+            let (m, _) = taking(BatchLinger(linger: .milliseconds(5), limit: limit), batches: 20, of: 1, every: .microseconds(2500), from: t0)
+            if largestWaiting > 0 {
+                #expect(m.wait(for: largestWaiting) != nil, "limit \(limit)")
+            }
+            #expect(m.wait(for: largestWaiting + 1) == nil, "limit \(limit)")
+        }
     }
 
     @Test func itemsComingSeldomGoAtOnce() {
@@ -66,18 +74,20 @@ struct BatchLingerTests {
         // Ten at once every 30 ms: 3 ms apart on average, but a wait after a clump brings nothing.
         var l = BatchLinger(linger: .milliseconds(5), limit: 256)
         var now = t0
-        var waits = 0
-        for _ in 0..<200 {
+        var waits = 0, lastWait = -1
+        for i in 0..<200 {
             if l.wait(for: 10) != nil {
                 waits += 1
+                lastWait = i
                 l.took(10, gained: 0, at: now + .milliseconds(5))
             } else {
                 l.took(10, at: now)
             }
             now += .milliseconds(30)
         }
-        // Three waits to learn, then a try every few dozen clumps: not every clump.
-        #expect(waits >= 3 && waits <= 20, "waited after \(waits) of 200 clumps")
+        // A few waits to learn, then a try every ten to fifteen clumps: not every clump, and not never.
+        #expect(waits >= 8 && waits <= 25, "waited after \(waits) of 200 clumps")
+        #expect(lastWait >= 150, "no wait was tried again in the last 50 clumps")
         // Waits that bring something keep it waiting.
         var m = BatchLinger(linger: .milliseconds(5), limit: 256)
         var t = t0
