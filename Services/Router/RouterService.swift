@@ -208,8 +208,7 @@ struct RouterService: Service {
                 let last = deliveries.max { $0.deliveryTag < $1.deliveryTag }!
                 try? last.ack(multiple: true)
             }
-            let elapsed = ContinuousClock.now - decided.started
-            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            let seconds = (ContinuousClock.now - decided.started).inSeconds
             for _ in batch { metrics.handling.observe(seconds) }
         }
         guard !retries.isEmpty else { return .now(finish) }

@@ -52,7 +52,7 @@ public struct BatchLinger: Sendable, Equatable {
     /// How long a batch of `count` items should wait for more: nil to take it as it is.
     public func wait(for count: Int) -> Duration? {
         guard linger > .zero, count < limit - limit / 2, let gap, gain >= Self.worthwhileGain else { return nil }
-        return Self.seconds(linger) >= Self.expectedMore * gap ? linger : nil
+        return linger.inSeconds >= Self.expectedMore * gap ? linger : nil
     }
 
     /// Notes a batch taken at `now`: `count` items in all, `gained` of them
@@ -65,13 +65,8 @@ public struct BatchLinger: Sendable, Equatable {
             gain += Self.retry * (1 - gain)
         }
         guard let last = lastTaken, count > 0 else { return }
-        let elapsed = max(0, Self.seconds(now - last)), items = Double(count)
+        let elapsed = max(0, (now - last).inSeconds), items = Double(count)
         meanElapsed = meanElapsed.map { $0 + Self.smoothing * (elapsed - $0) } ?? elapsed
         meanCount = meanCount.map { $0 + Self.smoothing * (items - $0) } ?? items
-    }
-
-    static func seconds(_ d: Duration) -> Double {
-        let (s, atto) = d.components
-        return Double(s) + Double(atto) / 1e18
     }
 }
