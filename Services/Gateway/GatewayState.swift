@@ -107,10 +107,19 @@ final class GatewayState: Sendable {
                     // A stream opened on a posted id before its first event: only its owner's events.
                     guard owner == sub.user else {
                         s.closed(sub)
-                        sub.stream.write(Data(), end: true)
+                        sub.stream.write(ServerSentEvents.end, end: true)
                         return nil
                     }
-                    guard e.seq > sub.after else { return sub }
+                    guard e.seq > sub.after else {
+                        // Not for this stream (it resumed past it), but the
+                        // dispatch is over all the same: the stream ends, not
+                        // left open for ever with a client that named a seq
+                        // beyond the last.
+                        guard e.state.isTerminal else { return sub }
+                        s.closed(sub)
+                        sub.stream.write(ServerSentEvents.end, end: true)
+                        return nil
+                    }
                     let open = sub.stream.write(frame, end: e.state.isTerminal, limit: sub.liveLimit)
                     guard open, !e.state.isTerminal else {
                         s.closed(sub)
@@ -223,7 +232,7 @@ final class GatewayState: Sendable {
         state.withLock { s in
             let postedHere = !s.book.knows(id) && s.posted[id]?.user == user  // its first event decides (see take)
             guard s.book.isOwned(id, by: user) || postedHere else {
-                stream.write(Data(), end: true)
+                stream.write(ServerSentEvents.end, end: true)
                 return
             }
             var replayed = ServerSentEvents.retry.count
@@ -242,7 +251,7 @@ final class GatewayState: Sendable {
                 }
             }
             if s.book.isEnded(id) {  // resumed after the terminal event
-                stream.write(Data(), end: true)
+                stream.write(ServerSentEvents.end, end: true)
                 return
             }
             s.subscribers[id, default: []].append(Subscriber(stream: stream, user: user, after: lastSeq, replayBytes: replayed))
@@ -279,7 +288,7 @@ final class GatewayState: Sendable {
     func endAllStreams() {
         state.withLock { s in
             for subscribers in s.subscribers.values {
-                for sub in subscribers { sub.stream.write(Data(), end: true) }
+                for sub in subscribers { sub.stream.write(ServerSentEvents.end, end: true) }
             }
             s.subscribers = [:]
             s.streams = 0

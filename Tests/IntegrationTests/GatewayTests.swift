@@ -405,6 +405,56 @@ import Testing
         }
     }
 
+    /// A client resuming with a Last-Event-ID beyond any seq the dispatch
+    /// has (a stale or made-up one) gets none of its events, but its stream
+    /// still ends with the dispatch: after the terminal event, not never.
+    /// So does one waiting on a posted id that turns out to be another's.
+    @Test func aStreamResumedPastTheLastSeqEndsWithTheDispatch() async throws {
+        try await withHarness("gw-resume-past") { h in
+            // Started to declare the topology, then gone: no event comes but the test's.
+            let router = try await h.startRouter()
+            kill(router.processIdentifier, SIGKILL)
+            router.waitUntilExit()
+            let gw = try await h.startGateway()
+            func event(_ seq: Int, _ state: String) async throws {
+                let body = #"{"dispatchId":"past-1","seq":\#(seq),"state":"\#(state)","at":"2026-12-04T12:00:0\#(seq).000Z","user":"alice","input":"the agm agenda"}"#
+                try await h.channel.publish(
+                    exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.\(state)", body: Data(body.utf8),
+                    properties: .persistentJSON(messageID: "past-1/\(seq)", correlationID: "past-1", type: "frontdesk.status.v1"))
+            }
+            try await event(1, "drafted")
+            try await waitUntil("the gateway to know past-1", within: .seconds(10)) {
+                (try? await gw.call("GET", "/v1/dispatches/past-1").status) == 200
+            }
+            let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/past-1/events", token: TestGateway.tokens["alice"], lastEventID: "999")
+            // Open, waiting: the gateway counts it among its streams.
+            try await waitUntil("the stream to be held open", within: .seconds(10)) {
+                (try? await h.metrics(gw.process))?.contains("frontdesk_gateway_streams 1") == true
+            }
+            try await event(2, "sending")
+            try await event(3, "replied")
+            try await waitUntil("the stream to end with the dispatch", within: .seconds(10)) { sse.isClosed }
+            #expect(sse.events.isEmpty, "\(sse.text)")
+            try await waitUntil("the gateway to let the stream go", within: .seconds(10)) {
+                (try? await h.metrics(gw.process))?.contains("frontdesk_gateway_streams 0") == true
+            }
+
+            // A stream opened on a posted id before its first event, when that
+            // event shows the dispatch is another's: it ends too, with nothing.
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"past-2","input":"the contract"}"#).status == 202)
+            let early = try SSEClient(port: gw.port, path: "/v1/dispatches/past-2/events", token: TestGateway.tokens["alice"])
+            try await waitUntil("the early stream to be held open", within: .seconds(10)) {
+                (try? await h.metrics(gw.process))?.contains("frontdesk_gateway_streams 1") == true
+            }
+            let bobs = #"{"dispatchId":"past-2","seq":1,"state":"drafted","at":"2026-12-04T12:00:01.000Z","user":"bob","input":"his"}"#
+            try await h.channel.publish(
+                exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.drafted", body: Data(bobs.utf8),
+                properties: .persistentJSON(messageID: "past-2/1", correlationID: "past-2", type: "frontdesk.status.v1"))
+            try await waitUntil("the early stream to end", within: .seconds(10)) { early.isClosed }
+            #expect(early.events.isEmpty, "\(early.text)")
+        }
+    }
+
     /// A long history is replayed in parts: the stream ends after
     /// FRONTDESK_GATEWAY_REPLAY_BYTES and a client resuming with the last id
     /// it got gets the next part, until the terminal event; every event

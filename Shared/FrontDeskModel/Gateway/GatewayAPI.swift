@@ -264,6 +264,11 @@ public enum ServerSentEvents {
     /// A comment line: keeps proxies from closing an idle stream.
     public static let keepAlive = Data(": keep-alive\n\n".utf8)
 
+    /// The last thing a stream ends with, when no event does. libmicrohttpd
+    /// (0.9.75) leaves an HTTP/1.0 stream open that ends with nothing left
+    /// to send after it has waited for more; a comment gives it a last write.
+    public static let end = Data(": end\n\n".utf8)
+
     /// How long a browser waits before reconnecting.
     public static let retry = Data("retry: 1000\n\n".utf8)
 
