@@ -328,11 +328,13 @@ final class PusherService: Service {
         }
     }
 
-    private func bearer(now: Date) -> String? {
+    /// The provider token to send with, and when it was issued.
+    private func bearer(now: Date) -> (token: String, issuedAt: Date)? {
         providerToken.withLock { cache in
-            cache.current(now: now) { issuedAt in
+            let token = cache.current(now: now) { issuedAt in
                 APNs.providerToken(keyID: settings.keyID, teamID: settings.teamID, issuedAt: issuedAt, sign: key.sign)
             }
+            return token.map { ($0, cache.issuedAt) }
         }
     }
 
@@ -346,9 +348,10 @@ final class PusherService: Service {
         guard let bearer = bearer(now: Date()) else { return complete(.retry(after: nil)) }
         let r = registered.registration
         let url = APNs.url(base: settings.apnsURL, environment: r.environment, token: r.pushToken)
-        let headers = APNs.headers(bearer: bearer, bundleID: settings.bundleID, priority: update.priority, expiration: nil)
+        let headers = APNs.headers(bearer: bearer.token, bundleID: settings.bundleID, priority: update.priority, expiration: nil)
         apns.post(url: url, headers: headers, body: update.payload) { [self] status, body, error in
-            var (outcome, reason) = APNs.outcome(status: status, body: body)
+            let now = Date()
+            var (outcome, reason) = APNs.outcome(status: status, body: body, tokenAge: now.timeIntervalSince(bearer.issuedAt))
             let current = tokens.withLock { $0[update.dispatchId]?.registration.pushToken }
             if outcome == .gone, current != r.pushToken {
                 // That token was replaced while the push was on its way: the new one stays.
@@ -364,7 +367,11 @@ final class PusherService: Service {
             case .gone:
                 logger.info("push token gone", [("dispatch", .string(update.dispatchId)), ("reason", .string(reason ?? "Unregistered"))])
             case .retry:
-                if reason == "ExpiredProviderToken" { providerToken.withLock { $0.expired(now: Date()) } }
+                if reason == "ExpiredProviderToken" {
+                    // A 403 all the same: counted, then tried again with a new token.
+                    metrics.rejected.increment(reason ?? "unknown")
+                    providerToken.withLock { $0.expired(issuedAt: bearer.issuedAt, now: now) }
+                }
                 logger.warning("APNs did not take a push; backing off", [
                     ("status", .int(status)), ("reason", .string(reason ?? error ?? "none")), ("dispatch", .string(update.dispatchId)),
                 ])

@@ -165,7 +165,11 @@ struct APNsTests {
         #expect(APNs.outcome(status: 0, body: nil).0 == .retry(after: nil))
         #expect(APNs.outcome(status: 400, body: Data(#"{"reason":"BadDeviceToken"}"#.utf8)) == (.rejected, "BadDeviceToken"))
         #expect(APNs.outcome(status: 403, body: nil).0 == .rejected)
-        #expect(APNs.outcome(status: 403, body: Data(#"{"reason":"ExpiredProviderToken"}"#.utf8)).0 == .retry(after: nil))
+        // An old token called expired is renewed and the push tried again; a young one would fare no
+        // better renewed (a clock off): refused like any 403, not retried for ever.
+        let expired = Data(#"{"reason":"ExpiredProviderToken"}"#.utf8)
+        #expect(APNs.outcome(status: 403, body: expired, tokenAge: 45 * 60).0 == .retry(after: nil))
+        #expect(APNs.outcome(status: 403, body: expired, tokenAge: 30) == (.rejected, "ExpiredProviderToken"))
     }
 
     @Test func theProviderTokenIsAnES256JWTRenewedBeforeAnHour() throws {
@@ -192,8 +196,13 @@ struct APNsTests {
         #expect(cache.current(now: start, make: make) == "t1")
         #expect(cache.current(now: start + 49 * 60, make: make) == "t1")
         #expect(cache.current(now: start + 50 * 60, make: make) == "t2")
-        cache.expired(now: start + 55 * 60)  // APNs called it expired: renewed at once
-        #expect(cache.current(now: start + 56 * 60, make: make) == "t3")
+        let issued = cache.issuedAt
+        cache.expired(issuedAt: issued, now: start + 55 * 60)  // APNs called t2 young: kept (no churn of tokens)
+        #expect(cache.current(now: start + 55 * 60, make: make) == "t2")
+        cache.expired(issuedAt: start, now: start + 75 * 60)  // t1 expired, but t2 is kept: not renewed again
+        #expect(cache.current(now: start + 75 * 60, make: make) == "t2")
+        cache.expired(issuedAt: issued, now: start + 75 * 60)  // APNs called t2 expired at 25 minutes: renewed at once
+        #expect(cache.current(now: start + 76 * 60, make: make) == "t3")
     }
 
     @Test func registrationsAreValidated() {

@@ -5,6 +5,7 @@ answers by the device token's first characters:
   410…  → 410 {"reason": "Unregistered"}
   429…  → 429 {"reason": "TooManyRequests"} the first two times, then 200
   400…  → 400 {"reason": "BadDeviceToken"}
+  403…  → 403 {"reason": "ExpiredProviderToken"}, however fresh the token
   503…  → 503 the first time, then 200
   slow… → 200 after 300 ms (so that updates pile up behind one in flight)
   else  → 200
@@ -97,6 +98,8 @@ class StandIn(threading.Thread):
             return 429, {"reason": "TooManyRequests"}, 0
         if token.startswith("400"):
             return 400, {"reason": "BadDeviceToken"}, 0
+        if token.startswith("403"):
+            return 403, {"reason": "ExpiredProviderToken"}, 0
         if token.startswith("503") and n < 1:
             return 503, {"reason": "ServiceUnavailable"}, 0
         if token.startswith("5"):  # "slow…" is no hex: slow tokens start with 5 and a second 5

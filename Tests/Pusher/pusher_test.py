@@ -173,13 +173,14 @@ def check_burst(b, standin):
 
 def check_failures(b, standin, pusher_port):
     gone, busy, down, bad = "410a" + "00" * 14, "429a" + "00" * 14, "503a" + "00" * 14, "400a" + "00" * 14
-    for dispatch_id, token in [("p-3", gone), ("p-4", busy), ("p-5", down), ("p-6", bad)]:
+    expired = "403a" + "00" * 14  # a fresh token called expired (a clock off): renewing would not help
+    for dispatch_id, token in [("p-3", gone), ("p-4", busy), ("p-5", down), ("p-6", bad), ("p-10", expired)]:
         b.register(dispatch_id, token)
-    for dispatch_id in ["p-3", "p-4", "p-5", "p-6"]:
+    for dispatch_id in ["p-3", "p-4", "p-5", "p-6", "p-10"]:
         b.dispatch(dispatch_id, SEED)
     wait("the end after 429s", lambda: ended(standin, busy), timeout=60)
     wait("the end after a 503", lambda: ended(standin, down), timeout=60)
-    wait("p-3 and p-6 replied", lambda: "replied" in b.states("p-3") and "replied" in b.states("p-6"))
+    wait("p-3, p-6 and p-10 replied", lambda: all("replied" in b.states(d) for d in ["p-3", "p-6", "p-10"]))
     # Every event of p-3 has been through the pusher once p-7's end (later, same target) was pushed.
     marker = "aa02" * 8
     b.register("p-7", marker)
@@ -190,7 +191,14 @@ def check_failures(b, standin, pusher_port):
     text = metrics(pusher_port)
     assert 'frontdesk_pusher_rejected_total{reason="BadDeviceToken"}' in text, "400 counted with its reason"
     assert 'frontdesk_pusher_pushes_total{status="410"} 1' in text
-    return f"410: 1 request; 429: {len(standin.for_token(busy))} requests, end delivered; 503 retried; 400 counted"
+    # Each of p-10's updates tried once, counted, then let go: not retried for ever.
+    wait("p-10's end tried", lambda: any(r["body"].get("aps", {}).get("event") == "end" for r in standin.for_token(expired)))
+    refused = len(standin.for_token(expired))
+    wait("p-10's refusals counted", lambda: f'frontdesk_pusher_rejected_total{{reason="ExpiredProviderToken"}} {refused}' in metrics(pusher_port))
+    assert 0 < refused <= len(b.states("p-10")), f"{refused} requests for {len(b.states('p-10'))} events"
+    assert len(standin.for_token(expired)) == refused, "nothing tried again after the end"
+    return (f"410: 1 request; 429: {len(standin.for_token(busy))} requests, end delivered; 503 retried; 400 counted; "
+            f"403 ExpiredProviderToken: {refused} requests for {len(b.states('p-10'))} events, counted")
 
 
 def check_dead_letter(b):

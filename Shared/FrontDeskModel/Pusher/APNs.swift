@@ -75,13 +75,16 @@ public enum APNs {
     }
 
     /// APNs' answer: the outcome for the scheduler, and the reason it gave.
-    public static func outcome(status: Int, body: Data?) -> (PushScheduler.Outcome, String?) {
+    /// `tokenAge`: how old the provider token the push carried was.
+    public static func outcome(status: Int, body: Data?, tokenAge: TimeInterval = 0) -> (PushScheduler.Outcome, String?) {
         let reason = body.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }?["reason"] as? String
         switch status {
         case 200: return (.delivered, nil)
         case 410: return (.gone, reason ?? "Unregistered")
-        // The provider token expired (a clock off, a token kept too long): renewed, then the push is tried again.
-        case 403 where reason == "ExpiredProviderToken": return (.retry(after: nil), reason)
+        // A token kept too long: renewed (`ProviderTokenCache.expired`), then the push is tried again. A young
+        // one called expired means a clock off or a key APNs does not take: a new token would fare no better,
+        // so the push is refused like any other 403 rather than retried for ever.
+        case 403 where reason == "ExpiredProviderToken" && tokenAge >= ProviderTokenCache.minimumAge: return (.retry(after: nil), reason)
         case 429, 500...599: return (.retry(after: nil), reason)
         case 0: return (.retry(after: nil), reason)
         default: return (.rejected, reason)
@@ -111,6 +114,8 @@ public enum APNs {
 /// than every 20 minutes), or at once after APNs said it expired.
 public struct ProviderTokenCache: Sendable {
     public static let renewAfter: TimeInterval = 50 * 60
+    /// APNs answers 429 TooManyProviderTokenUpdates to tokens renewed more often than every 20 minutes.
+    public static let minimumAge: TimeInterval = 20 * 60
 
     public private(set) var token: String?
     public private(set) var issuedAt: Date = .distantPast
@@ -128,9 +133,11 @@ public struct ProviderTokenCache: Sendable {
         return token
     }
 
-    /// APNs answered ExpiredProviderToken: renewed on the next use (a token APNs calls expired is of no use,
-    /// however young; renewing more often than every 20 minutes risks 429 TooManyProviderTokenUpdates, which backs off).
-    public mutating func expired(now: Date) {
+    /// APNs answered ExpiredProviderToken to the token issued at `issuedAt`: renewed on the next use, if it is
+    /// still the one kept (another push may have renewed it already) and old enough (`minimumAge`) that a new
+    /// one can help.
+    public mutating func expired(issuedAt expiredAt: Date, now: Date) {
+        guard token != nil, issuedAt == expiredAt, now.timeIntervalSince(issuedAt) >= Self.minimumAge else { return }
         token = nil
     }
 }
