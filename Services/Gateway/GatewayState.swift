@@ -215,8 +215,23 @@ final class GatewayState: Sendable {
     /// user's many tabs and devices, never all of the gateway.
     static let defaultMaxStreamsPerUser = 1024
 
+    /// At the limit, the user's streams whose clients have gone are let go
+    /// first: a closed stream waits on no write (a keep-alive comes every 15 s)
+    /// to make room, and a client that reconnects at once is not refused.
     func mayOpenStream(_ user: String) -> Bool {
-        state.withLock { ($0.streamsByUser[user] ?? 0) < maxStreamsPerUser }
+        state.withLock { s in
+            guard (s.streamsByUser[user] ?? 0) >= maxStreamsPerUser else { return true }
+            for (id, subscribers) in s.subscribers where subscribers.contains(where: { $0.user == user }) {
+                let open = subscribers.filter { sub in
+                    guard sub.user == user, sub.stream.isClientGone else { return true }
+                    s.closed(sub)
+                    return false
+                }
+                s.subscribers[id] = open.isEmpty ? nil : open
+            }
+            metrics.streams.set(Double(s.streams))
+            return (s.streamsByUser[user] ?? 0) < maxStreamsPerUser
+        }
     }
 
     /// Opens an event stream for `user`'s dispatch: the events after

@@ -463,6 +463,25 @@ int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end
     return 1;
 }
 
+int fd_stream_client_gone(fd_stream *stream) {
+    fd_http_server *server = stream->server;
+    pthread_mutex_lock(&server->lock);
+    int gone = stream->closed || stream->ended || server->stopping || stream->conn == NULL || stream->conn->shut;
+    if (!gone) {
+        char byte;
+        ssize_t n = recv(stream->conn->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        if (gone) {  // closed here: libmicrohttpd lets the connection go when it resumes
+            shutdown(stream->conn->fd, SHUT_RDWR);
+            stream->conn->shut = 1;
+            stream->ended = 1;
+            resume(server, stream->conn);
+        }
+    }
+    pthread_mutex_unlock(&server->lock);
+    return gone;
+}
+
 void fd_stream_release(fd_stream *stream) {
     if (stream != NULL) stream_unref(stream);
 }

@@ -86,6 +86,18 @@ public final class HTTPStream: Sendable {
         }
     }
 
+    /// True once the client has closed its side, or the stream is over (it is
+    /// then ended). Never blocks: it looks at what waits on the socket.
+    public var isClientGone: Bool {
+        stream.withLock { s in
+            guard let pointer = OpaquePointer(bitPattern: s) else { return true }
+            guard fd_stream_client_gone(pointer) == 1 else { return false }
+            fd_stream_release(pointer)
+            s = 0
+            return true
+        }
+    }
+
     deinit {
         stream.withLock { s in
             if let pointer = OpaquePointer(bitPattern: s) {

@@ -59,6 +59,13 @@ void fd_request_release(fd_request *request);
 /// or reads too slowly (more than `limit` bytes waiting): stop writing then.
 int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end, size_t limit);
 
+/// 1 when the stream's client has closed its side (or the stream is over):
+/// the stream is then ended. A stream's client sends nothing after its
+/// request, so a FIN or a reset waiting on the socket says it went; a
+/// suspended connection is not read by libmicrohttpd, which would otherwise
+/// notice only at the next write.
+int fd_stream_client_gone(fd_stream *stream);
+
 void fd_stream_release(fd_stream *stream);
 
 #endif
