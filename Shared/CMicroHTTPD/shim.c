@@ -25,6 +25,9 @@ struct fd_conn {
     int suspended;
     struct MHD_Connection *connection;
     int shut;
+    /// The path of the request being read, as sent (before libmicrohttpd
+    /// decodes it): `a%2Fb` is one segment, not two.
+    char *raw_path;
     struct fd_conn *prev, *next;
 };
 
@@ -88,6 +91,7 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
         if (c->prev) c->prev->next = c->next; else server->conns = c->next;
         if (c->next) c->next->prev = c->prev;
         pthread_mutex_unlock(&server->lock);
+        free(c->raw_path);
         free(c);
         *socket_context = NULL;
     }
@@ -214,6 +218,18 @@ static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
     return queued;
 }
 
+/// Called with each request's URI as sent, before it is decoded: its path
+/// is kept for the request (on the connection's thread, like the handler).
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *connection) {
+    (void)cls;
+    struct fd_conn *c = conn_of(connection);
+    if (c != NULL && uri != NULL) {
+        free(c->raw_path);
+        c->raw_path = strndup(uri, strcspn(uri, "?"));
+    }
+    return NULL;
+}
+
 static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
                                         const char *version, const char *upload_data, size_t *upload_data_size,
                                         void **con_cls) {
@@ -227,7 +243,8 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         request->connection = connection;
         request->conn = conn_of(connection);
         request->method = strdup(method);
-        request->path = strdup(url);
+        // The path as sent: segments are decoded by the handler, one by one.
+        request->path = strdup(request->conn != NULL && request->conn->raw_path != NULL ? request->conn->raw_path : url);
         request->refs = 1;
         server_ref(server);
         *con_cls = request;
@@ -533,6 +550,7 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, memory_limit < 4096 ? (size_t)4096 : memory_limit,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, server,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, server,
+        MHD_OPTION_URI_LOG_CALLBACK, on_uri, server,
         MHD_OPTION_END);
     if (server->daemon == NULL) {
         snprintf(error, error_len, "cannot serve on %s:%u", host, (unsigned)port);

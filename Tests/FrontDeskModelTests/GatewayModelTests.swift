@@ -26,6 +26,14 @@ struct GatewayEndpointTests {
         ("GET", "/v1/dispatches/d-1/other", .notFound),
         ("GET", "/v2/targets", .notFound),
         ("GET", "/../etc/passwd", .notFound),
+        // Paths come as sent: each segment decoded on its own.
+        ("GET", "/v1/dispatches/a%3Ab/events", .events(id: "a:b")),
+        ("GET", "/v1/dispatches/d-1%2Fevents", .notFound),
+        ("GET", "/v1/dispatches/d-1%2fcancel", .notFound),
+        ("GET", "/v1/dispatches/d-1%00/events", .notFound),
+        ("GET", "/v1/dispatches/d-1%zz", .notFound),
+        ("POST", "/v1%2Fdispatches", .notFound),
+        ("GET", "/v1/%74argets", .targets),
     ])
     func endpoints(method: String, path: String, expected: GatewayEndpoint) {
         #expect(GatewayEndpoint.parse(method: method, path: path) == expected)

@@ -233,6 +233,15 @@ import Testing
             #expect(wrongMethod.status == 405 && code(wrongMethod) == "method_not_allowed")
             #expect(try await gw.call("GET", "/v1/nothing").status == 404)
             #expect(try await gw.call("GET", "/v1/dispatches/never-seen").status == 404)
+            // A path is decoded a segment at a time: an escaped "/" or NUL is part of the id, no way to another endpoint.
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"esc-1","input":"x","project":"acme","target":"legal"}"#).status == 202)
+            try await waitUntil("the gateway to know esc-1", within: .seconds(10)) {
+                (try? await gw.call("GET", "/v1/dispatches/esc-1").status) == 200
+            }
+            #expect(try await gw.call("GET", "/v1/dispatches/esc%2D1").status == 200)
+            #expect(try await gw.call("GET", "/v1/dispatches/esc-1%2Fevents").status == 404)
+            #expect(try await gw.call("GET", "/v1/dispatches/esc-1%00junk").status == 404)
+            #expect(try await gw.call("POST", "/v1/dispatches/esc-1%2Fcancel", body: "{}").status == 404)
             let route = try await gw.call("GET", "/v1/route?input=")
             #expect(route.status == 400)
             // Nothing of it reached the broker as a dispatch.

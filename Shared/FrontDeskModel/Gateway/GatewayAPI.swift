@@ -26,23 +26,32 @@ public enum GatewayEndpoint: Equatable, Sendable {
         }
     }
 
+    /// `path`: as sent, not decoded. Each segment is decoded on its own, so
+    /// an encoded `/` (`%2F`) stays inside its segment and a `%00` is a
+    /// character of it, not the end of the path; a malformed escape is no path.
     public static func parse(method: String, path: String) -> GatewayEndpoint {
         func only(_ allowed: String, _ endpoint: GatewayEndpoint) -> GatewayEndpoint {
             method == allowed || (allowed == "GET" && method == "HEAD") ? endpoint : .methodNotAllowed(allowed: allowed)
         }
-        switch path {
-        case "/", "/index.html": return only("GET", .page(file: "index.html"))
-        case "/app.js": return only("GET", .page(file: "app.js"))
-        case "/app.css": return only("GET", .page(file: "app.css"))
-        case "/v1/dispatches": return only("POST", .createDispatch)
-        case "/v1/targets": return only("GET", .targets)
-        case "/v1/route": return only("GET", .route)
+        var parts: [String] = []
+        for segment in path.split(separator: "/", omittingEmptySubsequences: false) {
+            guard let decoded = String(segment).removingPercentEncoding else { return .notFound }
+            parts.append(decoded)
+        }
+        // "", then the segments.
+        guard parts.count >= 2, parts[0].isEmpty else { return .notFound }
+        switch parts.dropFirst() {
+        case [""], ["index.html"]: return only("GET", .page(file: "index.html"))
+        case ["app.js"]: return only("GET", .page(file: "app.js"))
+        case ["app.css"]: return only("GET", .page(file: "app.css"))
+        case ["v1", "dispatches"]: return only("POST", .createDispatch)
+        case ["v1", "targets"]: return only("GET", .targets)
+        case ["v1", "route"]: return only("GET", .route)
         default: break
         }
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false)
         // "", "v1", "dispatches", id[, action]
-        guard parts.count >= 4, parts.count <= 5, parts[0].isEmpty, parts[1] == "v1", parts[2] == "dispatches" else { return .notFound }
-        let id = String(parts[3])
+        guard parts.count >= 4, parts.count <= 5, parts[1] == "v1", parts[2] == "dispatches" else { return .notFound }
+        let id = parts[3]
         guard Identifiers.isValidDispatchID(id) else { return .notFound }
         guard parts.count == 5 else { return only("GET", .latest(id: id)) }
         switch parts[4] {
