@@ -259,10 +259,12 @@ final class GatewayService: Service {
         switch endpoint {
         case .createDispatch:
             let (id, body) = try GatewayBodies.dispatchRequest(request.body, user: user, makeID: { UUID().uuidString.lowercased() }).get()
-            if let owner = state.owner(id) ?? state.poster(id, now: Date()), owner != user {
-                // Another's dispatch is 404 (CONTRACT: "another's answer 404"), as on every
-                // other endpoint: the answer must not tell whether someone else used the id.
-                throw GatewayError.notFound
+            // Another's dispatch is 404 (CONTRACT: "another's answer 404"), as on every
+            // other endpoint: the answer must not tell whether someone else used the id.
+            // A known dispatch without a user (sent to the broker directly) is nobody's to take.
+            switch state.owner(id) {
+            case .some(let owner): guard owner == user else { throw GatewayError.notFound }
+            case .none: if let poster = state.poster(id, now: Date()), poster != user { throw GatewayError.notFound }
             }
             if state.owner(id) == nil {
                 try await publish(CommandKey.request, id: id, body: body)

@@ -88,6 +88,15 @@ import Testing
             #expect(try await gw.call("POST", "/v1/dispatches/mine-1/cancel", user: "bob", body: "nope").status == 404)
             #expect(try await gw.call("PUT", "/v1/dispatches/mine-1/activity", user: "bob", body: #"{"pushToken":"ab","environment":5}"#).status == 404)
             #expect(try await gw.call("PUT", "/v1/dispatches/mine-1/activity", body: #"{"pushToken":"ab","environment":5}"#).status == 400)
+            // A dispatch sent to the broker without a user is nobody's to take either: 404, not a 202 for
+            // a dispatch its poster could never see.
+            try await h.publish("dispatch.request", #"{"id":"cli-1","input":"from the CLI","project":"acme","target":"legal"}"#)
+            _ = try await h.events(until: "cli-1", reaches: "queued")
+            try await waitUntil("the gateway to know cli-1", within: .seconds(10)) {
+                (try? await h.metrics(gw.process))?.contains("frontdesk_gateway_dispatches 2") == true
+            }
+            #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"cli-1","input":"mine now"}"#).status == 404)
+            #expect(try await gw.call("GET", "/v1/dispatches/cli-1").status == 404)
             let taken = try await gw.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"mine-1","input":"steal it"}"#)
             #expect(taken.status == 404)
             #expect((taken.body["error"] as? [String: Any])?["code"] as? String == "not_found")
