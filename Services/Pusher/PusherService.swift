@@ -308,9 +308,9 @@ final class PusherService: Service {
         let actions = scheduler.withLock { s -> [PushScheduler.Action] in
             let update = PushUpdate(
                 dispatchId: event.dispatchId, seq: event.seq, payload: ActivityPush.payload(for: event, view: view),
-                priority: ActivityPush.priority(for: event, previousState: s.lastState(event.dispatchId)), isEnd: event.state.isTerminal,
-                tag: tag, eventAt: RFC3339.parse(event.at) ?? Date())
-            return s.submit(update, state: event.state, now: Date())
+                priority: ActivityPush.priority(for: event, previousState: s.lastState(event.dispatchId), previousRoute: s.lastRoute(event.dispatchId)),
+                isEnd: event.state.isTerminal, tag: tag, eventAt: RFC3339.parse(event.at) ?? Date())
+            return s.submit(update, state: event.state, route: ActivityPush.route(of: event), now: Date())
         }
         perform(actions)
     }

@@ -97,11 +97,18 @@ public enum ActivityPush {
     }
 
     /// `apns-priority`: 10 when what the activity says changes (a new state,
-    /// the end), 5 for preview-only updates in the same state. Priority 10
+    /// a new route, the end), 5 for preview-only updates in the same state. Priority 10
     /// draws on the device's update budget; 5 does not, but may be delivered
     /// late (Apple, "Determine the update frequency").
-    public static func priority(for event: StatusEvent, previousState: DispatchState?) -> Int {
-        event.state.isTerminal || event.state != previousState ? 10 : 5
+    /// A new route (a reroute while queued or sending) is a change too: the
+    /// activity shows the route, and the user who edited it waits to see it.
+    public static func priority(for event: StatusEvent, previousState: DispatchState?, previousRoute: String?) -> Int {
+        event.state.isTerminal || event.state != previousState || route(of: event) != previousRoute ? 10 : 5
+    }
+
+    /// The route an event shows, `<project>/<target>` (nil before one is known).
+    public static func route(of event: StatusEvent) -> String? {
+        event.target.map { "\(event.project?.id ?? "_")/\($0.id)" }
     }
 
     /// Activities that need the user rank higher.

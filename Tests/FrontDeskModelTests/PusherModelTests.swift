@@ -258,9 +258,13 @@ struct FrontDeskActivityTests {
         let ended = try JSONDecoder().decode(ActivityPushPayload.self, from: ActivityPush.payload(for: end, view: try #require(t.view(now: Date()))))
         #expect(ended.aps.event == "end")
         #expect(ended.aps.dismissalDate == ended.aps.timestamp + ActivityPush.dismissalSeconds)
-        #expect(ActivityPush.priority(for: end, previousState: .sending) == 10)
-        #expect(ActivityPush.priority(for: e, previousState: .sending) == 5)
-        #expect(ActivityPush.priority(for: e, previousState: .routing) == 10)
+        let route = ActivityPush.route(of: e)
+        #expect(route == "yemaya/board-prep")
+        #expect(ActivityPush.priority(for: end, previousState: .sending, previousRoute: route) == 10)
+        #expect(ActivityPush.priority(for: e, previousState: .sending, previousRoute: route) == 5)
+        #expect(ActivityPush.priority(for: e, previousState: .routing, previousRoute: route) == 10)
+        // A reroute in the same state is news, not a preview.
+        #expect(ActivityPush.priority(for: e, previousState: .sending, previousRoute: "acme/legal") == 10)
     }
 
     @Test func aPayloadStaysUnder4KBWhateverTheText() throws {

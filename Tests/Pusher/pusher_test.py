@@ -201,6 +201,22 @@ def check_failures(b, standin, pusher_port):
             f"403 ExpiredProviderToken: {refused} requests for {len(b.states('p-10'))} events, counted")
 
 
+def check_reroute(b, standin):
+    token = "aa04" * 8
+    b.register("p-11", token)
+    b.dispatch("p-11", "the contract", "acme", "ops")  # no agent: queued
+    lines = lambda: [r["body"]["aps"]["content-state"].get("routeLine", "") for r in standin.for_token(token)]
+    wait("p-11 queued on acme/ops pushed", lambda: any("Ops" in line for line in lines()))
+    b.publish("dispatch.reroute", {"id": "p-11", "project": "home", "target": "family"})
+    wait("the new route pushed", lambda: any("Family" in line for line in lines()))
+    moved = next(r for r in standin.for_token(token) if "Family" in r["body"]["aps"]["content-state"].get("routeLine", ""))
+    assert moved["body"]["aps"]["content-state"]["state"] == "queued", moved["body"]
+    assert moved["headers"]["apns-priority"] == "10", f"a new route is news: {moved['headers']['apns-priority']}"
+    b.publish("dispatch.cancel", {"id": "p-11", "reason": "user"})
+    wait("p-11's end", lambda: ended(standin, token))
+    return f"queued, rerouted to {moved['body']['aps']['content-state']['routeLine']!r} at priority 10, cancelled"
+
+
 def check_dead_letter(b):
     b.publish("dispatch.activity", {"id": "p-x", "pushToken": "not hex"}, message_id="bad-registration-1")
     channel = b.connection.channel()
@@ -266,6 +282,7 @@ def main():
         for name, step in [("the seed's dispatch pushed in order", lambda: check_seed(b, standin)),
                            ("a burst under slow APNs is coalesced", lambda: check_burst(b, standin)),
                            ("410, 429, 503 and 400", lambda: check_failures(b, standin, acting_port)),
+                           ("a reroute in the same state is pushed at priority 10", lambda: check_reroute(b, standin)),
                            ("a malformed registration is dead-lettered", lambda: check_dead_letter(b)),
                            ("kill -9 of the acting pusher", lambda: check_takeover(b, standin, pushers))]:
             try:

@@ -62,6 +62,7 @@ public struct PushScheduler: Sendable {
         var lastLowPriority: Date = .distantPast
         var lastSeq = 0
         var lastState: DispatchState?
+        var lastRoute: String?
         var touched: Date = .distantPast
     }
 
@@ -79,8 +80,10 @@ public struct PushScheduler: Sendable {
 
     /// The state last submitted for the dispatch (for the priority of the next update).
     public func lastState(_ id: String) -> DispatchState? { slots[id]?.lastState }
+    /// The route last submitted for the dispatch (`ActivityPush.route(of:)`).
+    public func lastRoute(_ id: String) -> String? { slots[id]?.lastRoute }
 
-    public mutating func submit(_ update: PushUpdate, state: DispatchState, now: Date) -> [Action] {
+    public mutating func submit(_ update: PushUpdate, state: DispatchState, route: String? = nil, now: Date) -> [Action] {
         var slot = slots[update.dispatchId] ?? Slot()
         slot.touched = now
         // The same event again (redelivered after a reconnect, or published twice): the hold moves to the
@@ -105,6 +108,7 @@ public struct PushScheduler: Sendable {
         }
         slot.lastSeq = update.seq
         slot.lastState = state
+        slot.lastRoute = route
         var actions: [Action] = []
         var update = update
         if let superseded = slot.pending {
