@@ -234,8 +234,9 @@ final class GatewayService: Service {
                 header: ("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:"))
             return 200
         }
-        // Every /v1 request needs a token, also one for no endpoint or with the wrong method.
-        let user = request.path.hasPrefix("/v1") ? try user(request) : ""
+        // Every /v1 request needs a token, also one for no endpoint or with the wrong method; and
+        // every endpoint that needs one, however its path was spelled (`/%761/…` is `/v1/…`).
+        let user = endpoint.needsToken || request.path.hasPrefix("/v1") ? try user(request) : ""
         switch endpoint {
         case .notFound: throw GatewayError(404, "not_found", "no such endpoint")
         case .methodNotAllowed(let allowed):
@@ -262,11 +263,12 @@ final class GatewayService: Service {
             // Another's dispatch is 404 (CONTRACT: "another's answer 404"), as on every
             // other endpoint: the answer must not tell whether someone else used the id.
             // A known dispatch without a user (sent to the broker directly) is nobody's to take.
-            switch state.owner(id) {
+            let known = state.owner(id)  // one look: an event may come in between
+            switch known {
             case .some(let owner): guard owner == user else { throw GatewayError.notFound }
             case .none: if let poster = state.poster(id, now: Date()), poster != user { throw GatewayError.notFound }
             }
-            if state.owner(id) == nil {
+            if known == nil {
                 try await publish(CommandKey.request, id: id, body: body)
                 state.posted(id, by: user, now: Date())
                 _ = await state.waitForEvent(id, timeout: settings.firstEventWait)

@@ -243,8 +243,10 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         request->connection = connection;
         request->conn = conn_of(connection);
         request->method = strdup(method);
-        // The path as sent: segments are decoded by the handler, one by one.
-        request->path = strdup(request->conn != NULL && request->conn->raw_path != NULL ? request->conn->raw_path : url);
+        // The path as sent: segments are decoded by the handler, one by one (never the decoded `url`:
+        // decoded twice, %252F would become a '/'; without it, the request is refused below).
+        (void)url;
+        request->path = request->conn != NULL && request->conn->raw_path != NULL ? strdup(request->conn->raw_path) : NULL;
         request->refs = 1;
         server_ref(server);
         *con_cls = request;

@@ -107,6 +107,11 @@ import Testing
                 #expect((answer.body["error"] as? [String: Any])?["code"] as? String == "unauthorized")
             }
             #expect(try await gw.call("GET", "/v1/targets", user: nil).status == 401)
+            // However the path is spelled: "%76" is "v".
+            #expect(try await gw.call("GET", "/%761/targets", user: nil).status == 401)
+            #expect(try await gw.call("POST", "/%761/dispatches", user: nil, body: #"{"id":"anon-1","input":"x"}"#).status == 401)
+            #expect(try await gw.call("GET", "/%761/dispatches/mine-1", user: nil).status == 401)
+            #expect(try await gw.call("GET", "/%761/dispatches/mine-1").status == 200)
             // Every /v1 request needs a token: also one for no endpoint, or with the wrong method.
             #expect(try await gw.call("GET", "/v1/nope", user: nil).status == 401)
             #expect(try await gw.call("DELETE", "/v1/dispatches/mine-1", user: nil).status == 401)
