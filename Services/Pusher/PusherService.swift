@@ -199,9 +199,14 @@ final class PusherService: Service {
         case PusherTopology.tokenType:
             guard case .success(let r) = PushRegistration.parse(type: nil, body: d.body) else { return }
             let at = d.properties.timestamp.map { Date(timeIntervalSince1970: Double(min($0, 253_402_300_799))) } ?? Date()
-            tokens.withLock { $0[r.id] = Registered(registration: r, at: at) }
+            // Under the lock of the events kept without a token (as `takeStatus` looks and keeps): an
+            // event is either kept before the token is noted, and taken here, or sees the token.
+            let kept = untokened.withLock { u in
+                tokens.withLock { $0[r.id] = Registered(registration: r, at: at) }
+                return u.take(r.id)
+            }
             // Events that came first (this replica acts): the newest is pushed now.
-            if let kept = untokened.withLock({ $0.take(r.id) }),
+            if let kept,
                 let event = try? JSONDecoder().decode(StatusEvent.self, from: kept.body)
             {
                 submit(event, delivery: nil)
@@ -282,9 +287,15 @@ final class PusherService: Service {
             try? d.ack()
             return
         }
-        guard tokens.withLock({ $0[id] }) != nil else {
-            // No activity to push to yet: kept (the newest only), in case its token is on its way.
-            untokened.withLock { $0.keep(id, seq: seq, body: d.body) }
+        // No activity to push to yet: kept (the newest only), in case its token is on its way. Looked
+        // and kept in one step under the lock `takeTokenRecord` notes a token under: never kept just
+        // after the token's record looked for it.
+        let keptUntokened = untokened.withLock { u in
+            guard tokens.withLock({ $0[id] }) == nil else { return false }
+            u.keep(id, seq: seq, body: d.body)
+            return true
+        }
+        guard !keptUntokened else {
             try? d.ack()
             return
         }

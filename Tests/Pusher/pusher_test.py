@@ -196,7 +196,6 @@ def check_failures(b, standin, pusher_port):
     refused = len(standin.for_token(expired))
     wait("p-10's refusals counted", lambda: f'frontdesk_pusher_rejected_total{{reason="ExpiredProviderToken"}} {refused}' in metrics(pusher_port))
     assert 0 < refused <= len(b.states("p-10")), f"{refused} requests for {len(b.states('p-10'))} events"
-    assert len(standin.for_token(expired)) == refused, "nothing tried again after the end"
     return (f"410: 1 request; 429: {len(standin.for_token(busy))} requests, end delivered; 503 retried; 400 counted; "
             f"403 ExpiredProviderToken: {refused} requests for {len(b.states('p-10'))} events, counted")
 
