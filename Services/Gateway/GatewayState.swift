@@ -34,6 +34,8 @@ final class GatewayState: Sendable {
         var subscribers: [String: [Subscriber]] = [:]
         var streams = 0
         var streamsByUser: [String: Int] = [:]
+        /// When each user at the cap last had their streams looked at (`mayOpenStream`): at most once a second.
+        var swept: [String: ContinuousClock.Instant] = [:]
         var waiters: [String: [Waiter]] = [:]
         var nextToken: UInt64 = 0
         /// Ids this replica published a request for, by user, until their first
@@ -221,14 +223,20 @@ final class GatewayState: Sendable {
     func mayOpenStream(_ user: String) -> Bool {
         state.withLock { s in
             guard (s.streamsByUser[user] ?? 0) >= maxStreamsPerUser else { return true }
+            // Once a second at most: a user's clients retrying at the cap must not hold the lock every stream needs.
+            let now = ContinuousClock.now
+            if let last = s.swept[user], now - last < .seconds(1) { return false }
+            if s.swept.count >= 1024 { s.swept = s.swept.filter { now - $0.value < .seconds(1) } }
+            s.swept[user] = now
+            var kept: [String: [Subscriber]] = [:]
             for (id, subscribers) in s.subscribers where subscribers.contains(where: { $0.user == user }) {
-                let open = subscribers.filter { sub in
+                kept[id] = subscribers.filter { sub in
                     guard sub.user == user, sub.stream.isClientGone else { return true }
                     s.closed(sub)
                     return false
                 }
-                s.subscribers[id] = open.isEmpty ? nil : open
             }
+            for (id, open) in kept { s.subscribers[id] = open.isEmpty ? nil : open }
             metrics.streams.set(Double(s.streams))
             return (s.streamsByUser[user] ?? 0) < maxStreamsPerUser
         }
