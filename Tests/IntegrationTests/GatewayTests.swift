@@ -415,12 +415,7 @@ import Testing
     @Test func anEventThatComesLateWithALowerSeqStillReachesTheStream() async throws {
         try await withHarness("gw-late") { h in
             let gw = try await h.startGateway()
-            func event(_ seq: Int, _ state: String) async throws {
-                let body = #"{"dispatchId":"late-1","seq":\#(seq),"state":"\#(state)","at":"2026-12-04T12:00:0\#(seq).000Z","user":"alice","input":"the agm agenda"}"#
-                try await h.channel.publish(
-                    exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.\(state)", body: Data(body.utf8),
-                    properties: .persistentJSON(messageID: "late-1/\(seq)", correlationID: "late-1", type: "frontdesk.status.v1"))
-            }
+            func event(_ seq: Int, _ state: String) async throws { try await h.publishStatus("late-1", seq: seq, state: state) }
             try await event(1, "drafted")
             try await event(3, "sending")
             try await waitUntil("the gateway to know late-1", within: .seconds(10)) {
@@ -451,12 +446,7 @@ import Testing
             kill(router.processIdentifier, SIGKILL)
             router.waitUntilExit()
             let gw = try await h.startGateway()
-            func event(_ seq: Int, _ state: String) async throws {
-                let body = #"{"dispatchId":"past-1","seq":\#(seq),"state":"\#(state)","at":"2026-12-04T12:00:0\#(seq).000Z","user":"alice","input":"the agm agenda"}"#
-                try await h.channel.publish(
-                    exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.\(state)", body: Data(body.utf8),
-                    properties: .persistentJSON(messageID: "past-1/\(seq)", correlationID: "past-1", type: "frontdesk.status.v1"))
-            }
+            func event(_ seq: Int, _ state: String) async throws { try await h.publishStatus("past-1", seq: seq, state: state) }
             try await event(1, "drafted")
             try await waitUntil("the gateway to know past-1", within: .seconds(10)) {
                 (try? await gw.call("GET", "/v1/dispatches/past-1").status) == 200
@@ -481,10 +471,7 @@ import Testing
             try await waitUntil("the early stream to be held open", within: .seconds(10)) {
                 (try? await h.metrics(gw.process))?.contains("frontdesk_gateway_streams 1") == true
             }
-            let bobs = #"{"dispatchId":"past-2","seq":1,"state":"drafted","at":"2026-12-04T12:00:01.000Z","user":"bob","input":"his"}"#
-            try await h.channel.publish(
-                exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.drafted", body: Data(bobs.utf8),
-                properties: .persistentJSON(messageID: "past-2/1", correlationID: "past-2", type: "frontdesk.status.v1"))
+            try await h.publishStatus("past-2", seq: 1, state: "drafted", user: "bob")
             try await waitUntil("the early stream to end", within: .seconds(10)) { early.isClosed }
             #expect(early.events.isEmpty, "\(early.text)")
         }
@@ -562,5 +549,15 @@ import Testing
             }
             #expect(streams.count == 20)
         }
+    }
+}
+
+extension RouterHarness {
+    /// Publishes a status event of `id` as the services would (seq < 10), for the gateway to take.
+    func publishStatus(_ id: String, seq: Int, state: String, user: String = "alice") async throws {
+        let body = #"{"dispatchId":"\#(id)","seq":\#(seq),"state":"\#(state)","at":"2026-12-04T12:00:0\#(seq).000Z","user":"\#(user)","input":"the agm agenda"}"#
+        try await channel.publish(
+            exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.\(state)", body: Data(body.utf8),
+            properties: .persistentJSON(messageID: "\(id)/\(seq)", correlationID: id, type: "frontdesk.status.v1"))
     }
 }
