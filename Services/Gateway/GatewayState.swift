@@ -109,7 +109,7 @@ final class GatewayState: Sendable {
                     // A stream opened on a posted id before its first event: only its owner's events.
                     guard owner == sub.user else {
                         s.closed(sub)
-                        sub.stream.write(ServerSentEvents.end, end: true)
+                        sub.stream.endWithoutEvent()
                         return nil
                     }
                     guard e.seq > sub.after else {
@@ -119,7 +119,7 @@ final class GatewayState: Sendable {
                         // beyond the last.
                         guard e.state.isTerminal else { return sub }
                         s.closed(sub)
-                        sub.stream.write(ServerSentEvents.end, end: true)
+                        sub.stream.endWithoutEvent()
                         return nil
                     }
                     let open = sub.stream.write(frame, end: e.state.isTerminal, limit: sub.liveLimit)
@@ -255,7 +255,7 @@ final class GatewayState: Sendable {
         state.withLock { s in
             let postedHere = !s.book.knows(id) && s.posted[id]?.user == user  // its first event decides (see take)
             guard s.book.isOwned(id, by: user) || postedHere else {
-                stream.write(ServerSentEvents.end, end: true)
+                stream.endWithoutEvent()
                 return
             }
             var replayed = ServerSentEvents.retry.count
@@ -274,7 +274,7 @@ final class GatewayState: Sendable {
                 }
             }
             if s.book.isEnded(id) {  // resumed after the terminal event
-                stream.write(ServerSentEvents.end, end: true)
+                stream.endWithoutEvent()
                 return
             }
             s.subscribers[id, default: []].append(Subscriber(stream: stream, user: user, after: lastSeq, replayBytes: replayed))
@@ -311,7 +311,7 @@ final class GatewayState: Sendable {
     func endAllStreams() {
         state.withLock { s in
             for subscribers in s.subscribers.values {
-                for sub in subscribers { sub.stream.write(ServerSentEvents.end, end: true) }
+                for sub in subscribers { sub.stream.endWithoutEvent() }
             }
             s.subscribers = [:]
             s.streams = 0
@@ -351,4 +351,9 @@ struct GatewayMetrics: Sendable {
         replaysCut = registry.counter(
             "frontdesk_gateway_replays_cut_total", "event streams ended at the replay limit, for the client to resume with Last-Event-ID")
     }
+}
+
+extension HTTPStream {
+    /// Ends an event stream that has no event left to end it (see `ServerSentEvents.end`).
+    fileprivate func endWithoutEvent() { write(ServerSentEvents.end, end: true) }
 }

@@ -380,7 +380,7 @@ final class PusherService: Service {
             case .retry:
                 if reason == "ExpiredProviderToken" {
                     // A 403 all the same: counted, then tried again with a new token.
-                    metrics.rejected.increment(reason ?? "unknown")
+                    metrics.rejected.increment("ExpiredProviderToken")
                     providerToken.withLock { $0.expired(issuedAt: bearer.issuedAt, now: now) }
                 }
                 logger.warning("APNs did not take a push; backing off", [
