@@ -44,6 +44,8 @@ final class PusherService: Service {
         var teamID: String
         var lifetimeSeconds: Int
         var login: String
+        /// Seconds of failed pushes in a row (while others go through) after which a dispatch's pending update is let go.
+        var giveUpSeconds: Int
     }
 
     let client: AMQPClient
@@ -91,7 +93,7 @@ final class PusherService: Service {
     }
     static let maxUntokened = 100_000
     static let maxUntokenedBytes = 64 << 20
-    private let scheduler = Mutex(PushScheduler())
+    private let scheduler: Mutex<PushScheduler>
     private let held = Mutex<[UInt64: AMQPDelivery]>([:])
     private let nextTag = Atomic<UInt64>(0)
     private let providerToken = Mutex(ProviderTokenCache())
@@ -107,6 +109,7 @@ final class PusherService: Service {
         self.metrics = PusherMetrics(metrics)
         self.apns = apns
         self.key = key
+        scheduler = Mutex(PushScheduler(giveUpAfter: TimeInterval(settings.giveUpSeconds)))
         (stopStream, stopSignal) = AsyncStream<Void>.makeStream()
     }
 
@@ -201,10 +204,15 @@ final class PusherService: Service {
             let at = d.properties.timestamp.map { Date(timeIntervalSince1970: Double(min($0, 253_402_300_799))) } ?? Date()
             // Under the lock of the events kept without a token (as `takeStatus` looks and keeps): an
             // event is either kept before the token is noted, and taken here, or sees the token.
-            let kept = untokened.withLock { u in
-                tokens.withLock { $0[r.id] = Registered(registration: r, at: at) }
-                return u.take(r.id)
+            let (kept, replaced) = untokened.withLock { u in
+                let previous = tokens.withLock { t in
+                    defer { t[r.id] = Registered(registration: r, at: at) }
+                    return t[r.id]?.registration.pushToken
+                }
+                return (u.take(r.id), previous.map { $0 != r.pushToken } ?? false)
             }
+            // A new token: the old one's failures do not count against it, and what waits goes to it now.
+            if replaced { perform(scheduler.withLock { $0.tokenChanged(r.id, now: Date()) }) }
             // Events that came first (this replica acts): the newest is pushed now.
             if let kept,
                 let event = try? JSONDecoder().decode(StatusEvent.self, from: kept.body)
@@ -227,7 +235,7 @@ final class PusherService: Service {
             defer { h = [:] }
             return h.count
         }
-        scheduler.withLock { $0 = PushScheduler() }
+        scheduler.withLock { $0.reset() }
         if dropped > 0 { logger.warning("connection lost: unsent pushes go back to the broker", [("held", .int(dropped))]) }
     }
 
@@ -335,6 +343,11 @@ final class PusherService: Service {
                 for d in deliveries { try? d.ack() }
             case .dropToken(let id): dropToken(id)
             case .finished(let id): tokens.withLock { $0[id] = nil }
+            case .gaveUp(let id):
+                metrics.givenUp.increment()
+                logger.warning("APNs took no push of a dispatch for the give-up time; its pending update is dropped", [
+                    ("dispatch", .string(id)), ("seconds", .int(settings.giveUpSeconds)),
+                ])
             }
         }
     }
@@ -407,6 +420,7 @@ struct PusherMetrics: Sendable {
     let tokens: Gauge
     let rejected: Counter
     let deadLetters: Counter
+    let givenUp: Counter
 
     init(_ registry: MetricsRegistry) {
         pushes = registry.counter("frontdesk_pusher_pushes_total", "pushes by APNs status (error: no answer)", labels: ["status"])
@@ -415,5 +429,7 @@ struct PusherMetrics: Sendable {
         tokens = registry.gauge("frontdesk_pusher_tokens", "push tokens held")
         rejected = registry.counter("frontdesk_pusher_rejected_total", "pushes APNs refused (400, 403, …), by reason", labels: ["reason"])
         deadLetters = registry.counter("frontdesk_pusher_dead_letters_total", "registrations dead-lettered, by code", labels: ["code"])
+        givenUp = registry.counter(
+            "frontdesk_pusher_given_up_total", "dispatches whose pending update was dropped after FRONTDESK_APNS_GIVE_UP_S of failed pushes")
     }
 }

@@ -17,6 +17,9 @@ let (configuration, values) = ServiceBootstrap.configurationOrExit(
         .init("FRONTDESK_APNS_KEY_ID", default: "none (required)", help: "the key's id (the JWT's kid)"),
         .init("FRONTDESK_APNS_TEAM_ID", default: "none (required)", help: "the team id (the JWT's iss)"),
         .init("FRONTDESK_APNS_CA_FILE", default: "the system's trust store", help: "CA that signs the APNs host (a private stand-in)"),
+        .init(
+            "FRONTDESK_APNS_GIVE_UP_S", default: "\(PushScheduler.defaultGiveUpSeconds)",
+            help: "seconds of failed pushes (429, 5xx, no answer) in a row after which a dispatch's pending update is dropped"),
     ])
 
 func exitWithUsage(_ message: String) -> Never {
@@ -33,6 +36,12 @@ let bundleID = required("FRONTDESK_APNS_BUNDLE_ID")
 let keyFile = required("FRONTDESK_APNS_KEY_FILE")
 let keyID = required("FRONTDESK_APNS_KEY_ID")
 let teamID = required("FRONTDESK_APNS_TEAM_ID")
+let giveUpSeconds: Int
+do {
+    giveUpSeconds = try values.int("FRONTDESK_APNS_GIVE_UP_S", default: PushScheduler.defaultGiveUpSeconds, in: 1...31_536_000)
+} catch {
+    exitWithUsage(error.message)
+}
 let key: SigningKey
 do {
     key = try SigningKey(path: keyFile)
@@ -54,7 +63,7 @@ let pusher = PusherService(
     client: bootstrap.client,
     settings: .init(
         apnsURL: values["FRONTDESK_APNS_URL"], bundleID: bundleID, keyID: keyID, teamID: teamID,
-        lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login),
+        lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, giveUpSeconds: giveUpSeconds),
     logger: bootstrap.logger, metrics: bootstrap.metrics, apns: apns, key: key)
 let probes = bootstrap.startProbes(isReady: { pusher.isReady })
 bootstrap.logger.info("starting", [

@@ -76,6 +76,115 @@ struct PushSchedulerTests {
         #expect(s.nextDue() == t0 + 31)
     }
 
+    /// Another dispatch's push, delivered at `now`: APNs is there.
+    func deliverOther(_ s: inout PushScheduler, now: Date, id: String = "e", seq: Int = 1) {
+        let other = PushUpdate(dispatchId: id, seq: seq, payload: Data(), priority: 10, isEnd: false, tag: 1000 + UInt64(seq), eventAt: t0)
+        _ = s.submit(other, state: .sending, now: now)
+        _ = s.completed(id, .delivered, now: now, jitter: 0)
+    }
+
+    /// Retries `id` whenever due, each failing, until it is given up or `until`: the actions of the last failure.
+    func failWhenDue(_ s: inout PushScheduler, _ now: inout Date, until: Date) -> [PushScheduler.Action] {
+        var last: [PushScheduler.Action] = []
+        while !last.contains(.gaveUp("d")), let due = s.nextDue(), due < until {
+            now = max(due, now)
+            _ = s.due(now: now)
+            last = s.completed("d", .retry(after: nil), now: now, jitter: 0.999)
+        }
+        return last
+    }
+
+    @Test func aDispatchWhosePushesFailForTheGiveUpTimeWhileOthersGoThroughIsLetGo() {
+        var s = PushScheduler(maxBackoff: 60, giveUpAfter: 600)
+        _ = s.submit(update(1), state: .sending, now: t0)
+        var now = t0
+        _ = s.completed("d", .retry(after: nil), now: now, jitter: 0.999)
+        #expect(acked(s.submit(update(2), state: .sending, now: now + 0.1)) == [1], "1 waits out its back-off as the pending one: 2 replaces it")
+        // An outage (nothing goes through for anyone): retried past the give-up time, never let go.
+        #expect(!failWhenDue(&s, &now, until: t0 + 900).contains(.gaveUp("d")))
+        #expect(s.heldTags() == [2])
+        // Another dispatch's push goes through: APNs is back, and this token is the trouble. With 3
+        // pending behind 2 in flight, the next failure lets both go.
+        deliverOther(&s, now: now)
+        now = s.nextDue()!
+        #expect(sent(s.due(now: now)) == [2])
+        #expect(s.submit(update(3), state: .sending, now: now).isEmpty)
+        let last = s.completed("d", .retry(after: nil), now: now, jitter: 0.999)
+        #expect(last.contains(.gaveUp("d")) && !last.contains(.finished("d")))
+        #expect(acked(last).sorted() == [2, 3])
+        #expect(s.nextDue() == nil && s.heldTags().isEmpty && s.inFlightCount == 0)
+        #expect(acked(s.submit(update(3, tag: 30), state: .sending, now: now + 1)) == [30], "an older or repeated event is not pushed again")
+        // The next event starts afresh: sent at once, its failure backs off from 0.5 s again.
+        #expect(sent(s.submit(update(4), state: .replied, now: now + 2)) == [4])
+        #expect(s.completed("d", .retry(after: nil), now: now + 2, jitter: 0.999).isEmpty)
+        #expect(s.nextDue().map { $0 > now + 2 && $0 <= now + 2.5 } == true, "0.5 s at most, not the 60 s reached before")
+    }
+
+    @Test func aGivenUpEndFinishesTheActivity() {
+        var s = PushScheduler(giveUpAfter: 10)
+        _ = s.submit(update(1, end: true), state: .replied, now: t0)
+        var now = t0
+        _ = s.completed("d", .retry(after: nil), now: now, jitter: 0)
+        deliverOther(&s, now: t0 + 5)
+        let last = failWhenDue(&s, &now, until: t0 + 100)
+        #expect(last.contains(.gaveUp("d")) && last.contains(.finished("d")) && acked(last) == [1])
+        #expect(now >= t0 + 10 && s.heldTags().isEmpty)
+    }
+
+    @Test func anAnswerOrANewTokenEndsTheRunOfFailures() {
+        var s = PushScheduler(giveUpAfter: 10)
+        _ = s.submit(update(1), state: .sending, now: t0)
+        _ = s.completed("d", .retry(after: nil), now: t0, jitter: 0)
+        _ = s.due(now: t0 + 9)
+        _ = s.completed("d", .delivered, now: t0 + 9, jitter: 0)
+        _ = s.submit(update(2), state: .sending, now: t0 + 9.5)
+        deliverOther(&s, now: t0 + 11)
+        #expect(!s.completed("d", .retry(after: nil), now: t0 + 12, jitter: 0).contains(.gaveUp("d")), "a new run, 0 s long")
+        _ = s.due(now: t0 + 13)
+        #expect(acked(s.completed("d", .rejected, now: t0 + 13, jitter: 0)) == [2])
+        _ = s.submit(update(3), state: .sending, now: t0 + 30)
+        deliverOther(&s, now: t0 + 30, seq: 2)
+        #expect(!s.completed("d", .retry(after: nil), now: t0 + 31, jitter: 0).contains(.gaveUp("d")), "a rejection ended the run")
+        // 3 fails on for 10 s while others go through; a new token then sends it at once, on a new run.
+        var now = t0 + 31
+        deliverOther(&s, now: t0 + 35, seq: 3)
+        _ = failWhenDue(&s, &now, until: t0 + 40.9)
+        #expect(sent(s.tokenChanged("d", now: t0 + 41)) == [3])
+        #expect(!s.completed("d", .retry(after: nil), now: t0 + 42, jitter: 0).contains(.gaveUp("d")))
+        #expect(s.tokenChanged("unknown", now: t0 + 42).isEmpty)
+    }
+
+    @Test func aClockSetBackDoesNotStretchTheRun() {
+        var s = PushScheduler(giveUpAfter: 10)
+        _ = s.submit(update(1), state: .sending, now: t0)
+        _ = s.completed("d", .retry(after: nil), now: t0, jitter: 0)
+        #expect(sent(s.due(now: t0 + 1)) == [1])
+        // The clock steps back an hour while 1 is in flight: the run counts from the earlier time.
+        var now = t0 - 3600
+        _ = s.completed("d", .retry(after: nil), now: now, jitter: 0)
+        deliverOther(&s, now: now + 1)
+        let last = failWhenDue(&s, &now, until: t0 - 3500)
+        #expect(last.contains(.gaveUp("d")), "given up about 10 s after the failure at the earlier time")
+        #expect(now >= t0 - 3590)
+    }
+
+    @Test func aResetKeepsTheSendCounterSoALateAnswerSettlesNothing() {
+        var s = PushScheduler()
+        guard case .send(let first)? = s.submit(update(1), state: .sending, now: t0).first else {
+            Issue.record("nothing sent")
+            return
+        }
+        s.reset()
+        #expect(s.heldTags().isEmpty)
+        guard case .send(let second)? = s.submit(update(1, tag: 11), state: .sending, now: t0 + 1).first else {
+            Issue.record("nothing sent after the reset")
+            return
+        }
+        #expect(first.sendID != second.sendID)
+        #expect(s.completed("d", sendID: first.sendID, .retry(after: nil), now: t0 + 2, jitter: 0).isEmpty)
+        #expect(s.inFlightCount == 1, "the answer to the send from before the reset settled nothing")
+    }
+
     @Test func goneDropsTheTokenAndEndFinishes() {
         var s = PushScheduler()
         _ = s.submit(update(1), state: .sending, now: t0)

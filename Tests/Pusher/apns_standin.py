@@ -7,6 +7,7 @@ answers by the device token's first characters:
   400…  → 400 {"reason": "BadDeviceToken"}
   403…  → 403 {"reason": "ExpiredProviderToken"}, however fresh the token
   503…  → 503 the first time, then 200
+  500…  → 500 {"reason": "InternalServerError"}, always
   slow… → 200 after 300 ms (so that updates pile up behind one in flight)
   else  → 200
 
@@ -102,6 +103,8 @@ class StandIn(threading.Thread):
             return 403, {"reason": "ExpiredProviderToken"}, 0
         if token.startswith("503") and n < 1:
             return 503, {"reason": "ServiceUnavailable"}, 0
+        if token.startswith("500"):
+            return 500, {"reason": "InternalServerError"}, 0
         if token.startswith("5"):  # "slow…" is no hex: slow tokens start with 5 and a second 5
             return 200, None, 0.3 if token.startswith("55") else 0
         return 200, None, 0

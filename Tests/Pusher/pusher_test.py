@@ -10,8 +10,12 @@ a throw-away CA), with the real router, sender and agents on the local broker:
      pending update goes out (fewer pushes than events), the end still last;
   3. 410 drops the token (no push after it); 429 and 503 back off and the end
      still arrives; 400 is counted with APNs' reason;
-  4. a malformed registration gets one dead letter from frontdesk-pusher;
-  5. kill -9 of the acting pusher mid-stream: the standby replica takes over
+  4. a token APNs answers 500 each time, while other pushes go through, is
+     retried with back-off for FRONTDESK_APNS_GIVE_UP_S, then let go (its
+     events acked) and counted, and not tried again;
+  5. a reroute in the same state is pushed at priority 10;
+  6. a malformed registration gets one dead letter from frontdesk-pusher;
+  7. kill -9 of the acting pusher mid-stream: the standby replica takes over
      and the end arrives; a token registered before the kill is not lost.
 
 Exit 0 when all pass, 1 otherwise.
@@ -200,6 +204,49 @@ def check_failures(b, standin, pusher_port):
             f"403 ExpiredProviderToken: {refused} requests for {len(b.states('p-10'))} events, counted")
 
 
+def counter(port, name):
+    """The value of an unlabelled counter in a pusher's metrics (0 when absent)."""
+    for line in metrics(port).splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.split()[-1])
+    return 0
+
+
+def unacked(vhost, queue):
+    command = ["bash", os.path.join(harness.REPO, "scripts", "broker.sh"), "ctl", "list_queues", "-p", vhost,
+               "name", "messages_unacknowledged", "--silent"]
+    out = harness.subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return next((int(line.split()[1]) for line in out.splitlines() if line.split()[:1] == [queue]), None)
+
+
+def check_give_up(b, standin, pusher_port, vhost):
+    """A token APNs never takes (500 each time) while others' pushes go through: retried with back-off
+    for FRONTDESK_APNS_GIVE_UP_S, then let go (its status events acked) and counted."""
+    broken = "500a" + "00" * 14
+    b.register("p-12", broken)
+    b.dispatch("p-12", SEED)
+    wait("p-12 replied", lambda: "replied" in b.states("p-12"))
+    # Another dispatch's end goes through meanwhile: APNs is up, the token is the trouble.
+    marker = "aa05" * 8
+    b.register("p-13", marker)
+    b.dispatch("p-13", SEED)
+    wait("p-13's end", lambda: ended(standin, marker))
+    wait("p-12 given up", lambda: counter(pusher_port, "frontdesk_pusher_given_up_total") == 1, timeout=60)
+    tried = standin.for_token(broken)
+    spread = tried[-1]["at"] - tried[0]["at"]
+    assert spread >= GIVE_UP_S - 0.5, f"tried for {spread:.1f} s only"
+    assert all(r["status"] == 500 for r in tried)
+    wait("nothing held unacked", lambda: unacked(vhost, "frontdesk.pusher.status") == 0)
+    # Nothing more for it once let go: another dispatch's end goes through, p-12's token sees no request.
+    later = "aa07" * 8
+    b.register("p-14", later)
+    b.dispatch("p-14", SEED)
+    wait("p-14's end", lambda: ended(standin, later))
+    assert len(standin.for_token(broken)) == len(tried), "retried after it was let go"
+    return (f"{len(tried)} requests over {spread:.1f} s of 500s while others went through, then given up, "
+            "counted and acked; later pushes unaffected")
+
+
 def check_reroute(b, standin):
     token = "aa04" * 8
     b.register("p-11", token)
@@ -242,7 +289,7 @@ def check_takeover(b, standin, pushers):
     pushers[0].kill9()
     wait("the end push for p-8 after the kill", lambda: ended(standin, token), timeout=60)
     assert pushed(pushers[1].port) > 0, "the standby took over"
-    later = "aa04" * 8
+    later = "aa06" * 8
     b.register("p-9", later)
     b.dispatch("p-9", SEED)
     wait("p-9's end from the replica left", lambda: ended(standin, later))
@@ -258,7 +305,7 @@ def main():
     apns_env = {
         "FRONTDESK_APNS_URL": f"https://localhost:{standin.port}", "FRONTDESK_APNS_CA_FILE": pki["ca"],
         "FRONTDESK_APNS_KEY_FILE": pki["p8"], "FRONTDESK_APNS_KEY_ID": "KEYID12345", "FRONTDESK_APNS_TEAM_ID": "TEAMID1234",
-        "FRONTDESK_APNS_BUNDLE_ID": BUNDLE,
+        "FRONTDESK_APNS_BUNDLE_ID": BUNDLE, "FRONTDESK_APNS_GIVE_UP_S": str(GIVE_UP_S),
     }
     services = [harness.Service("frontdesk-router", vhost.url, free_port(), work),
                 harness.Service("frontdesk-sender", vhost.url, free_port(), work)]
@@ -281,6 +328,7 @@ def main():
         for name, step in [("the seed's dispatch pushed in order", lambda: check_seed(b, standin)),
                            ("a burst under slow APNs is coalesced", lambda: check_burst(b, standin)),
                            ("410, 429, 503 and 400", lambda: check_failures(b, standin, acting_port)),
+                           ("a token APNs never takes is given up", lambda: check_give_up(b, standin, acting_port, vhost.name)),
                            ("a reroute in the same state is pushed at priority 10", lambda: check_reroute(b, standin)),
                            ("a malformed registration is dead-lettered", lambda: check_dead_letter(b)),
                            ("kill -9 of the acting pusher", lambda: check_takeover(b, standin, pushers))]:
@@ -305,6 +353,7 @@ def main():
 
 
 free_port = harness.free_port
+GIVE_UP_S = 5  # long past the 429 and 503 checks' back-offs (0.5 + 1 s)
 ready = harness.ready
 
 

@@ -31,8 +31,13 @@ public struct PushUpdate: Sendable, Equatable {
 /// newest pending update is kept (the older ones are acked as superseded),
 /// preview-only updates (priority 5) at most one per `lowPriorityInterval`,
 /// and after a 429, a 5xx or a network failure a jittered exponential back-off
-/// before the newest update is tried again. Pure: the caller passes the time
-/// and the jitter, and carries out the actions.
+/// before the newest update is tried again. A dispatch whose pushes have
+/// failed for `giveUpAfter` in a row while other dispatches' pushes went
+/// through (its token's trouble, not an outage: after one, the newest update
+/// still goes out) is let go: what it holds is acked, so that a token APNs
+/// never takes does not hold its status events, and the queue's log behind
+/// them, for ever. Pure: the caller passes the time and the jitter, and
+/// carries out the actions.
 public struct PushScheduler: Sendable {
     public enum Outcome: Sendable, Equatable {
         /// 200.
@@ -52,6 +57,9 @@ public struct PushScheduler: Sendable {
         case dropToken(String)
         /// The activity ended and its end was delivered: nothing more to push for it.
         case finished(String)
+        /// Every push of this dispatch failed for `giveUpAfter`: its updates were let go
+        /// (acked in the same actions); a later status event is tried afresh.
+        case gaveUp(String)
     }
 
     struct Slot: Sendable {
@@ -59,6 +67,8 @@ public struct PushScheduler: Sendable {
         var pending: PushUpdate?
         var notBefore: Date = .distantPast
         var failures = 0
+        /// The first failure of the current run of failures (nil: the last push was answered).
+        var failingSince: Date?
         var lastLowPriority: Date = .distantPast
         var lastSeq = 0
         var lastState: DispatchState?
@@ -68,12 +78,19 @@ public struct PushScheduler: Sendable {
 
     private var slots: [String: Slot] = [:]
     private var sends: UInt64 = 0
+    /// The last time any push was delivered.
+    private var lastDelivered: Date = .distantPast
     public let lowPriorityInterval: TimeInterval
     public let maxBackoff: TimeInterval
+    public let giveUpAfter: TimeInterval
+    /// An hour of failures in a row (`FRONTDESK_APNS_GIVE_UP_S`): far past any outage a back-off
+    /// rides out, well inside a Live Activity's eight hours.
+    public static let defaultGiveUpSeconds = 3600
 
-    public init(lowPriorityInterval: TimeInterval = 2, maxBackoff: TimeInterval = 60) {
+    public init(lowPriorityInterval: TimeInterval = 2, maxBackoff: TimeInterval = 60, giveUpAfter: TimeInterval = TimeInterval(defaultGiveUpSeconds)) {
         self.lowPriorityInterval = lowPriorityInterval
         self.maxBackoff = maxBackoff
+        self.giveUpAfter = giveUpAfter
     }
 
     public var inFlightCount: Int { slots.values.filter { $0.inFlight != nil }.count }
@@ -129,6 +146,8 @@ public struct PushScheduler: Sendable {
         switch outcome {
         case .delivered:
             slot.failures = 0
+            slot.failingSince = nil
+            lastDelivered = max(lastDelivered, now)
             if sent.priority == 5 { slot.lastLowPriority = now }
             if sent.isEnd {
                 slots[id] = nil
@@ -140,6 +159,8 @@ public struct PushScheduler: Sendable {
             slots[id] = nil
             return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .dropToken(id)]
         case .rejected:
+            slot.failures = 0  // answered: APNs is there, this update will never do
+            slot.failingSince = nil
             if sent.isEnd {  // nothing follows an end: the activity is done with
                 slots[id] = nil
                 return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .finished(id)]
@@ -147,6 +168,22 @@ public struct PushScheduler: Sendable {
             slots[id] = slot
             return [.ack([sent.tag])] + start(id, now: now)
         case .retry(let after):
+            let since = min(slot.failingSince ?? now, now)  // a clock set back does not stretch the run
+            if now.timeIntervalSince(since) >= giveUpAfter, lastDelivered > since {
+                let tags = [sent.tag] + (slot.pending.map { [$0.tag] } ?? [])
+                if sent.isEnd || slot.pending?.isEnd == true {  // nothing follows an end: done with
+                    slots[id] = nil
+                    return [.ack(tags), .gaveUp(id), .finished(id)]
+                }
+                // Kept (its last seq still tells a redelivered older event): nothing held, idle, forgotten in time.
+                slot.pending = nil
+                slot.failures = 0
+                slot.failingSince = nil
+                slot.notBefore = .distantPast
+                slots[id] = slot
+                return [.ack(tags), .gaveUp(id)]
+            }
+            slot.failingSince = since
             slot.failures += 1
             let exponential = min(maxBackoff, 0.5 * pow(2, Double(min(slot.failures - 1, 16))))
             // Jitter only shortens, to no less than half; APNs' own Retry-After wins when longer.
@@ -163,6 +200,23 @@ public struct PushScheduler: Sendable {
             slots[id] = slot
             return actions
         }
+    }
+
+    /// A new token was registered for `id`: its failures were the old token's, and what waits goes now.
+    public mutating func tokenChanged(_ id: String, now: Date) -> [Action] {
+        guard var slot = slots[id] else { return [] }
+        slot.failures = 0
+        slot.failingSince = nil
+        slot.notBefore = .distantPast
+        slots[id] = slot
+        return start(id, now: now)
+    }
+
+    /// Forgets every activity (the connection went: the broker has its events
+    /// back), keeping the settings and the send counter, so that a late answer
+    /// to a send from before never settles one made after.
+    public mutating func reset() {
+        slots = [:]
     }
 
     /// Sends what waited for a back-off or the low-priority interval to pass.
