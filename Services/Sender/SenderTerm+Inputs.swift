@@ -66,6 +66,16 @@ extension SenderTerm {
                 logger.info("dead-lettered a reply", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
                 metrics.deadLetters.increment(rejection.code.rawValue)
                 pendingMessages.append(SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-sender"))
+                // Too large, for a dispatch held here: its attempt fails now (the reason in the
+                // failed event), not at the reply timeout. (Held elsewhere: it waits for that.)
+                // (Read only for a dispatch held here, as its correlation_id says: a flood costs no parse.)
+                if rejection.code == .tooLarge, let id = d.properties.correlationID, held[id] != nil,
+                    let error = AgentReply.overLimit(d.body), error.dispatchId == id, var h = held[id]
+                {
+                    let actions = h.machine.replyReceived(error, now: now, jitter: error.retryable ? Double.random(in: 0..<1) : 0)
+                    held[error.dispatchId] = h
+                    try await execute(actions, id: error.dispatchId)
+                }
             }
             pendingAcks.append(d)  // after the events (or the dead letter) it caused are confirmed
         case .tick:

@@ -68,10 +68,31 @@ public struct AgentReply: Sendable, Equatable {
     /// and Foundation's JSONSerialization was most of its cost. Optional
     /// fields of the wrong type are ignored.
     public static func classify(_ body: Data) -> Result<AgentReply, Rejection> {
-        func invalid(_ reason: String) -> Result<AgentReply, Rejection> { .failure(Rejection(code: .invalidRequest, reason: reason)) }
         if body.count > maxBodyBytes {
             return .failure(Rejection(code: .tooLarge, reason: "the reply is \(body.count) bytes; the limit is \(maxBodyBytes)"))
         }
+        return read(body)
+    }
+
+    /// The largest reply over the limit still read for its dispatch and attempt.
+    static let maxOverLimitBytes = 4 << 20
+
+    /// A reply over `maxBodyBytes` (dead-lettered `too_large`), read for whose
+    /// it is: as an error of its attempt, so that the dispatch fails now with
+    /// the reason rather than at the reply timeout (the agent's next attempt
+    /// would write the same text); retryable only when it is an error the
+    /// agent called retryable. Nil within the limit, far over it
+    /// (`maxOverLimitBytes`), or when it names no dispatch and attempt.
+    public static func overLimit(_ body: Data) -> AgentReply? {
+        guard body.count > maxBodyBytes, body.count <= maxOverLimitBytes, case .success(let reply) = read(body) else { return nil }
+        let message = "the agent's reply is \(body.count) bytes, over the limit of \(maxBodyBytes)"
+        return AgentReply(
+            dispatchId: reply.dispatchId, attempt: reply.attempt, kind: .error, text: nil, activity: nil, etaMs: nil,
+            error: .init(code: "reply_too_large", message: message), retryable: reply.kind == .error && reply.retryable)
+    }
+
+    private static func read(_ body: Data) -> Result<AgentReply, Rejection> {
+        func invalid(_ reason: String) -> Result<AgentReply, Rejection> { .failure(Rejection(code: .invalidRequest, reason: reason)) }
         let parsed: JSONValue
         do {
             parsed = try JSONReader.parseMessage(body)

@@ -40,6 +40,22 @@ struct UntrustedValueTests {
         }
     }
 
+    @Test func aReplyOverTheLimitIsReadAsANonRetryableErrorOfItsAttemptUpToAFewMegabytes() throws {
+        func body(_ fields: String, text count: Int) -> Data {
+            Data(("{" + fields + #","text":""# + String(repeating: "x", count: count) + #""}"#).utf8)
+        }
+        #expect(AgentReply.overLimit(body(#""dispatchId":"d-1","attempt":2,"kind":"final""#, text: 1000)) == nil, "within the limit: a reply")
+        let over = try #require(AgentReply.overLimit(body(#""dispatchId":"d-1","attempt":2,"kind":"progress""#, text: 300_000)))
+        #expect(over.dispatchId == "d-1" && over.attempt == 2 && over.kind == .error && !over.retryable && over.text == nil)
+        #expect(over.error?.code == "reply_too_large" && over.error?.message.contains("over the limit of 262144") == true)
+        #expect(AgentReply.overLimit(body(#""dispatchId":"d-1","attempt":2,"kind":"final""#, text: 5 << 20)) == nil, "far over: not read")
+        let retryable = #""dispatchId":"d-1","attempt":2,"kind":"error","retryable":true"#
+        #expect(AgentReply.overLimit(body(retryable, text: 300_000))?.retryable == true, "an error the agent called retryable stays so")
+        #expect(AgentReply.overLimit(body(#""dispatchId":"d-1","attempt":2,"kind":"final","retryable":true"#, text: 300_000))?.retryable == false)
+        #expect(AgentReply.overLimit(body(#""dispatchId":"d-1","attempt":0,"kind":"final""#, text: 300_000)) == nil, "no attempt")
+        #expect(AgentReply.overLimit(Data(repeating: UInt8(ascii: "{"), count: 300_000)) == nil, "no JSON")
+    }
+
     @Test func parkedCopiesWithSeqsOrAttemptsOutOfRangeAreNotRead() throws {
         let record = DispatchRecord(
             id: "d-1", bodyFingerprint: "x", outcome: .routed, input: "the agm agenda",

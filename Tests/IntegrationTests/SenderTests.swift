@@ -107,6 +107,25 @@ extension BrokerIntegration {
 }
 
 extension BrokerIntegration.SenderTests {
+    @Test func aReplyOverTheLimitFailsItsDispatchAtOnceWithTheReason() async throws {
+        try await withHarness("sender-oversized-reply") { h in
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .oversizedFinal)
+            try await h.startRouter()
+            let sender = try await h.startSender()  // the reply timeout is 600 s: the test's 2 minutes would not see it
+            try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+            try await h.publish("dispatch.request", #"{"id":"big-1","input":"Reply to Lisa about the AGM agenda"}"#)
+            let events = try await h.events(untilEnded: "big-1").filter { $0["dispatchId"] as? String == "big-1" }
+            #expect(events.map { $0["state"] as? String } == ["drafted", "routing", "sending", "sending", "failed"])
+            let error = try #require(events.last?["error"] as? [String: Any])
+            #expect(error["code"] as? String == "agent_error")
+            #expect((error["message"] as? String ?? "").contains("over the limit of 262144"))
+            let dead = try await h.drain("frontdesk.dead", count: 1)
+            #expect(dead.first?.properties.headers?["x-frontdesk-error"]?.stringValue == "too_large")
+            #expect(await agent.tasks.all.count == 1, "not retried: the next attempt would write the same")
+            await agent.stop()
+        }
+    }
+
     @Test func repliesThatAreNoRepliesAreDeadLetteredWithTheReason() async throws {
         try await withHarness("sender-bad-replies") { h in
             let sender = try await h.startSender()

@@ -9,7 +9,7 @@ final class TestAgent: Sendable {
     let worker: Task<Void, Never>
     let tasks = CollectedElements<AMQPDelivery>()
 
-    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, acceptThenSilent, failFirstAttempt, slowStream }
+    enum Behaviour: Sendable { case reply, retryableError, fatalError, silent, acceptThenSilent, failFirstAttempt, slowStream, oversizedFinal }
 
     /// `declaring`: the arguments the agent declares its queue with, or nil
     /// to consume the queue as it is.
@@ -58,6 +58,9 @@ final class TestAgent: Sendable {
                             try await Task.sleep(for: .milliseconds(300))
                         }
                         try await reply(["kind": "final", "text": text + "done"])
+                    case .oversizedFinal:  // past the 256 KiB a reply may have
+                        try await reply(["kind": "accepted", "activity": "Writing at length"])
+                        try await reply(["kind": "final", "text": String(repeating: "All work and no play. ", count: 14_000)])
                     }
                     try task.ack()
                 }
