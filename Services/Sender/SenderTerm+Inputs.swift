@@ -66,15 +66,21 @@ extension SenderTerm {
                 logger.info("dead-lettered a reply", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
                 metrics.deadLetters.increment(rejection.code.rawValue)
                 pendingMessages.append(SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-sender"))
-                // Too large, for a dispatch held here: its attempt fails now (the reason in the
-                // failed event), not at the reply timeout. (Held elsewhere: it waits for that.)
-                // (Read only for a dispatch held here, as its correlation_id says: a flood costs no parse.)
-                if rejection.code == .tooLarge, let id = d.properties.correlationID, held[id] != nil,
-                    let error = AgentReply.overLimit(d.body), error.dispatchId == id, var h = held[id]
-                {
-                    let actions = h.machine.replyReceived(error, now: now, jitter: error.retryable ? Double.random(in: 0..<1) : 0)
-                    held[error.dispatchId] = h
-                    try await execute(actions, id: error.dispatchId)
+                // Too large, for a dispatch held here: its attempt fails now (the reason in the failed
+                // event), not at the reply timeout; held by another partition, that error goes there as
+                // a reply. (Read only for a dispatch its correlation_id names and the term or the log
+                // knows: a flood of others costs no parse. Not known yet: it waits for the timeout.)
+                if rejection.code == .tooLarge, let id = d.properties.correlationID {
+                    let elsewhere = held[id] == nil && passesOn ? statusLog.partition(of: id).flatMap { $0 == partition ? nil : $0 } : nil
+                    if held[id] != nil || elsewhere != nil, let error = AgentReply.overLimit(d.body), error.dispatchId == id {
+                        if let k = elsewhere {
+                            pendingMessages.append(passedOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType, body: error.jsonData()))
+                        } else if var h = held[id] {
+                            let actions = h.machine.replyReceived(error, now: now, jitter: error.retryable ? Double.random(in: 0..<1) : 0)
+                            held[id] = h
+                            try await execute(actions, id: id)
+                        }
+                    }
                 }
             }
             pendingAcks.append(d)  // after the events (or the dead letter) it caused are confirmed
@@ -374,11 +380,11 @@ extension SenderTerm {
         pendingAcks.append(d)
     }
 
-    /// A copy of `d` for `queue`: its body, with properties of our own.
-    func passedOn(_ d: AMQPDelivery, to queue: String, id: String, type: String, headers: FieldTable? = nil) -> OutboundMessage {
+    /// A copy of `d` for `queue`: its body (or `body`), with properties of our own.
+    func passedOn(_ d: AMQPDelivery, to queue: String, id: String, type: String, headers: FieldTable? = nil, body: Data? = nil) -> OutboundMessage {
         var properties = AMQPProperties.persistentJSON(messageID: "\(id)/passed-on", correlationID: id, type: type)
         properties.headers = headers
-        return OutboundMessage(exchange: "", routingKey: queue, body: d.body, properties: properties.stamped(by: login), mandatory: true)
+        return OutboundMessage(exchange: "", routingKey: queue, body: body ?? d.body, properties: properties.stamped(by: login), mandatory: true)
     }
 
     /// A reply for a dispatch this term does not hold: to its partition as

@@ -28,6 +28,25 @@ public struct AgentReply: Sendable, Equatable {
         self.retryable = retryable
     }
 
+    /// The reply as an agent sends it (what `classify` reads back).
+    public func jsonData() -> Data {
+        JSONWriter.object { json in
+            json.field("dispatchId", dispatchId)
+            json.field("attempt", attempt)
+            json.field("kind", kind.rawValue)
+            json.field("text", text)
+            json.field("activity", activity)
+            json.field("etaMs", etaMs)
+            if let error {
+                json.beginObject("error")
+                json.field("code", error.code)
+                json.field("message", error.message)
+                json.endObject()
+            }
+            json.field("retryable", retryable)
+        }
+    }
+
     /// Why a body is no reply: the dead-letter code and one readable sentence.
     public struct Rejection: Error, Sendable, Equatable {
         public var code: DeadLetterCode
@@ -74,8 +93,9 @@ public struct AgentReply: Sendable, Equatable {
         return read(body)
     }
 
-    /// The largest reply over the limit still read for its dispatch and attempt.
-    static let maxOverLimitBytes = 4 << 20
+    /// The largest reply over the limit still read for its dispatch and attempt
+    /// (a parse of about 40 ms here, in the loop that handles every reply).
+    static let maxOverLimitBytes = 1 << 20
 
     /// A reply over `maxBodyBytes` (dead-lettered `too_large`), read for whose
     /// it is: as an error of its attempt, so that the dispatch fails now with

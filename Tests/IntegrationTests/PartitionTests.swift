@@ -29,6 +29,26 @@ extension BrokerIntegration {
         /// through: 1, 2 and 4 replicas joining, then one killed; each
         /// dispatch shows one reply, its seqs rising (an event comes twice
         /// only as the same message, which a surface drops).
+        /// Replies all come to partition 0; a reply over the limit for partition 1's dispatch
+        /// goes there as the error it is, and the dispatch fails at once.
+        @Test func aReplyOverTheLimitForAnotherPartitionsDispatchFailsItAtOnce() async throws {
+            try await withHarness("partitions-oversized") { h in
+                try await h.startRouter(extraEnvironment: Self.partitions)
+                let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .oversizedFinal)
+                let sender = try await h.startSender(extraEnvironment: Self.partitions)
+                try await waitUntilLed(h, [sender], [4])
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+                try await h.publish("dispatch.request", #"{"id":"pbig-1","input":"the agm agenda","project":"acme","target":"legal"}"#)
+                let events = try await h.events(untilEnded: "pbig-1").filter { $0["dispatchId"] as? String == "pbig-1" }
+                #expect(events.map { $0["state"] as? String } == ["drafted", "routing", "sending", "sending", "failed"])
+                let error = try #require(events.last?["error"] as? [String: Any])
+                #expect(error["code"] as? String == "agent_error" && (error["message"] as? String ?? "").contains("over the limit of 262144"))
+                let dead = try await h.drain("frontdesk.dead", count: 1)
+                #expect(dead.first?.properties.headers?["x-frontdesk-error"]?.stringValue == "too_large")
+                await legal.stop()
+            }
+        }
+
         @Test func replicasShareThePartitionsAndNothingIsLostAsTheyComeAndGo() async throws {
             try await withHarness("partitions-scale") { h in
                 #expect(SenderPartitions(count: 4).partition(of: .init(project: "yemaya", target: "board-prep")) == 0)
