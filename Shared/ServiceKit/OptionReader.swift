@@ -14,6 +14,10 @@ public struct OptionSpecification: Sendable {
         self.help = help
     }
 
+    /// The variable itself in kebab case (`--frontdesk-lifetime-s`): taken as
+    /// well, as CONTRACT.md's "`AMQP_URL` … `--amqp-url`" reads for every variable.
+    var fullFlag: String { "--" + variable.lowercased().replacingOccurrences(of: "_", with: "-") }
+
     static func flagName(for variable: String) -> String {
         var name = variable
         if name.hasPrefix("FRONTDESK_") { name.removeFirst("FRONTDESK_".count) }
@@ -81,7 +85,7 @@ public enum OptionReader {
                 flag = String(argument[..<eq])
                 inline = String(argument[argument.index(after: eq)...])
             }
-            guard let spec = specifications.first(where: { $0.flag == flag }) else {
+            guard let spec = specifications.first(where: { $0.flag == flag }) ?? specifications.first(where: { $0.fullFlag == flag }) else {
                 throw UsageError("unknown option '\(flag)'; \(program) --help lists the options")
             }
             if let inline {

@@ -40,6 +40,13 @@ struct OptionReaderTests {
         #expect(c.intakeLingerMs == 0)
     }
 
+    @Test func eachVariableSpelledOutIsAFlagToo() throws {
+        let c = try read(["--frontdesk-lifetime-s", "60", "--frontdesk-retry-base-ms=10", "--frontdesk-routes", "/r.json", "--lifetime-s", "61"])
+        #expect(c.lifetimeSeconds == 61, "the later flag wins, whichever spelling")
+        #expect(c.retry.baseMs == 10 && c.routesPath == "/r.json")
+        #expect(throws: UsageError.self) { try read(["--frontdesk-amqp-url", "amqp://b"]) }
+    }
+
     @Test(arguments: [
         (["--lifetime-s", "x"], "FRONTDESK_LIFETIME_S"),
         (["--max-attempts", "0"], "FRONTDESK_MAX_ATTEMPTS"),
