@@ -104,7 +104,7 @@ bootstrap.logger.info("starting", [
     ("users", .int(Set(tokens.users.values).count)),
     ("targets", .int(table.routes.count)),
 ])
-let status = await ServiceLifecycle.run([AMQPClientService(client: bootstrap.client), gateway], logger: bootstrap.logger)
+let status = await ServiceLifecycle.run(bootstrap.lifecycleServices([AMQPClientService(client: bootstrap.client), gateway]), logger: bootstrap.logger)
 api.stop()
 probes?.stop()
 bootstrap.logger.info("stopped", [("status", .int(Int(status)))])

@@ -71,7 +71,7 @@ bootstrap.logger.info("starting", [
     ("apns", .string(values["FRONTDESK_APNS_URL"] ?? "by environment")),
     ("topic", .string("\(bundleID).push-type.liveactivity")),
 ])
-let status = await ServiceLifecycle.run([AMQPClientService(client: bootstrap.client), pusher], logger: bootstrap.logger)
+let status = await ServiceLifecycle.run(bootstrap.lifecycleServices([AMQPClientService(client: bootstrap.client), pusher]), logger: bootstrap.logger)
 probes?.stop()
 bootstrap.logger.info("stopped", [("status", .int(Int(status)))])
 exit(status)

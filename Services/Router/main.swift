@@ -32,7 +32,7 @@ bootstrap.logger.info("starting", [
     ("routes", .string(configuration.routesPath ?? "example")),
     ("targets", .int(table.routes.count)),
 ])
-let status = await ServiceLifecycle.run([AMQPClientService(client: bootstrap.client), service], logger: bootstrap.logger)
+let status = await ServiceLifecycle.run(bootstrap.lifecycleServices([AMQPClientService(client: bootstrap.client), service]), logger: bootstrap.logger)
 probes?.stop()
 bootstrap.logger.info("stopped", [("status", .int(Int(status)))])
 exit(status)

@@ -15,16 +15,20 @@ let logger = Logger(service: configuration.service, level: configuration.logLeve
 let registry = MetricsRegistry()
 let service = SenderService(configuration: configuration, table: table, logger: logger, metrics: SenderMetrics(registry))
 var probes: HTTPServer? = nil
+// A resource alarm shows in /readyz while the sender is idle too (`ResourceAlarmProbe`).
+let alarm = configuration.httpPort == 0 ? nil : ResourceAlarmProbe(configuration: configuration.amqp)
 if configuration.httpPort != 0 {
     do {
-        probes = try HTTPServer(port: configuration.httpPort, handler: ProbeRoutes.handler(isReady: { service.isReady }, metrics: registry))
+        probes = try HTTPServer(
+            port: configuration.httpPort,
+            handler: ProbeRoutes.handler(isReady: { service.isReady && alarm?.blockedReason == nil }, metrics: registry))
     } catch {
         logger.error("cannot serve probes", [("error", .string("\(error)"))])
         exit(1)
     }
 }
 logger.info("starting", [("broker", .string("\(configuration.amqp.url)")), ("targets", .int(table.routes.count))])
-let status = await ServiceLifecycle.run([service], logger: logger)
+let status = await ServiceLifecycle.run([service] + (alarm.map { [$0] } ?? []), logger: logger)
 probes?.stop()
 logger.info("stopped", [("status", .int(Int(status)))])
 exit(status)

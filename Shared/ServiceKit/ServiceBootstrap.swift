@@ -10,6 +10,10 @@ public struct ServiceBootstrap: Sendable {
     public let logger: Logger
     public let metrics: MetricsRegistry
     public let client: AMQPClient
+    /// With the probes on: a resource alarm, learned by publishing now and
+    /// then on a connection of its own, makes `/readyz` 503 (run it with the
+    /// services: `lifecycleServices`).
+    public let alarmProbe: ResourceAlarmProbe?
 
     /// Reads the configuration; prints help and exits 0 for `--help`, and
     /// exits 2 with one sentence on stderr for a usage mistake.
@@ -61,6 +65,7 @@ public struct ServiceBootstrap: Sendable {
         let logger = Logger(service: configuration.service, level: configuration.logLevel)
         self.logger = logger
         metrics = MetricsRegistry()
+        alarmProbe = configuration.httpPort == 0 ? nil : ResourceAlarmProbe(configuration: configuration.amqp)
         let connected = metrics.gauge("frontdesk_amqp_connected", "1 while connected with the topology declared")
         let reconnects = metrics.counter("frontdesk_amqp_reconnects_total", "connection attempts that failed or connections lost")
         client = AMQPClient(
@@ -89,10 +94,12 @@ public struct ServiceBootstrap: Sendable {
     public func startProbes(isReady: (@Sendable () -> Bool)? = nil) -> HTTPServer? {
         guard configuration.httpPort != 0 else { return nil }
         let client = client
+        let alarm = alarmProbe
+        let ready = isReady ?? { client.isReady }
         do {
             let server = try HTTPServer(
                 port: configuration.httpPort,
-                handler: ProbeRoutes.handler(isReady: isReady ?? { client.isReady }, metrics: metrics))
+                handler: ProbeRoutes.handler(isReady: { ready() && alarm?.blockedReason == nil }, metrics: metrics))
             logger.info("serving probes", [("port", .int(server.port))])
             return server
         } catch {
@@ -101,6 +108,15 @@ public struct ServiceBootstrap: Sendable {
         }
     }
 }
+
+extension ServiceBootstrap {
+    /// `services` with what the bootstrap runs besides: the alarm probe.
+    public func lifecycleServices(_ services: [any Service]) -> [any Service] {
+        services + (alarmProbe.map { [$0] } ?? [])
+    }
+}
+
+extension ResourceAlarmProbe: Service {}
 
 /// Runs an `AMQPClient` as a service: connect and reconnect until shutdown.
 public struct AMQPClientService: Service {

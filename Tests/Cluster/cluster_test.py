@@ -78,16 +78,17 @@ class Agent(threading.Thread):
 
 
 def connections_by_node(vhost):
-    """How many of the vhost's connections each node holds (by the node's AMQP port)."""
+    """How many of the vhost's connections each node holds (by the node's AMQP port), the services'
+    alarm probes (which carry no work) left out."""
     for n in (1, 2, 3):
-        out = subprocess.run(["bash", CLUSTER, "ctl", str(n), "list_connections", "vhost", "port", "--silent"],
+        out = subprocess.run(["bash", CLUSTER, "ctl", str(n), "list_connections", "vhost", "port", "client_properties", "--silent"],
                              capture_output=True, text=True)
         if out.returncode != 0:
             continue
         counts = {}
         for line in out.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0] == vhost and parts[1].isdigit():
+            parts = line.split("\t", 2)
+            if len(parts) == 3 and parts[0] == vhost and parts[1].isdigit() and "(alarm probe)" not in parts[2]:
                 node = int(parts[1]) - 5690
                 counts[node] = counts.get(node, 0) + 1
         return counts

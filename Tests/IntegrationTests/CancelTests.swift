@@ -266,9 +266,12 @@ extension BrokerIntegration.UntrustedInputTests {
             // Started under the alarm: it takes the request, its publishes are blocked.
             let router = try await h.start("frontdesk-router", extraEnvironment: [:], waitUntilReady: false)
             // The broker says the router's connection is blocked (it tried to publish), and so does /readyz.
-            try await h.waitUntil("the broker blocks the router's connection") {
-                let rows = try TestBroker.script(["ctl", "list_connections", "vhost", "state", "--silent"])
-                return rows.split(separator: "\n").contains { $0.hasPrefix(h.vhost + "\t") && $0.hasSuffix("blocked") }
+            try await h.waitUntil("the broker blocks the router's own connection") {
+                // (client_properties last: it holds the connection's name, the alarm probe's "… (alarm probe)".)
+                let rows = try TestBroker.script(["ctl", "list_connections", "vhost", "state", "client_properties", "--silent"])
+                return rows.split(separator: "\n").contains {
+                    $0.hasPrefix(h.vhost + "\tblocked\t") && !$0.contains("(alarm probe)")
+                }
             }
             #expect(await h.probe(router, "/readyz") == 503)
             #expect(await h.probe(router, "/healthz") == 200)
@@ -276,6 +279,47 @@ extension BrokerIntegration.UntrustedInputTests {
             try await h.waitUntil("/readyz answers 200 once it cleared") { await h.probe(router, "/readyz") == 200 }
             let events = try await h.events(until: "al-1", reaches: "routing")
             #expect(events.filter { $0["dispatchId"] as? String == "al-1" }.compactMap { $0["state"] as? String } == ["drafted", "routing"])
+        }
+    }
+}
+
+extension BrokerIntegration.UntrustedInputTests {
+    /// RabbitMQ tells a connection of an alarm only once it publishes: idle
+    /// services learn of it from their alarm probe, and /readyz says so.
+    @Test func aResourceAlarmMakesIdleServicesUnreadyUntilItClears() async throws {
+        try await withHarness("alarm-idle") { h in
+            let router = try await h.startRouter()
+            let sender = try await h.startSender()
+            let gateway = try await h.startGateway()
+            let services = [router, sender, gateway.process]
+            for p in services { #expect(await h.probe(p, "/readyz") == 200) }
+            try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.000001"])
+            defer { _ = try? TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"]) }
+            try await h.waitUntil("every idle service unready", within: .seconds(15)) {
+                var codes: [Int] = []
+                for p in services { codes.append(await h.probe(p, "/readyz")) }
+                return codes == [503, 503, 503]
+            }
+            for p in services { #expect(await h.probe(p, "/healthz") == 200) }
+            // A service stopped under the alarm exits at once, and cleanly: its probe's blocked connection
+            // (the broker reads nothing from it, a close included) holds nothing up.
+            let extra = try await h.start("frontdesk-sender", extraEnvironment: [:], waitUntilReady: false)
+            try await h.waitUntil("the new sender unready too", within: .seconds(15)) { await h.probe(extra, "/readyz") == 503 }
+            let stopping = ContinuousClock.now
+            extra.terminate()
+            extra.waitUntilExit()
+            #expect(extra.terminationStatus == 0)
+            #expect(ContinuousClock.now - stopping < .seconds(6), "stopped in \(ContinuousClock.now - stopping)")
+            _ = try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"])
+            try await h.waitUntil("every service ready once it cleared", within: .seconds(15)) {
+                var codes: [Int] = []
+                for p in services { codes.append(await h.probe(p, "/readyz")) }
+                return codes == [200, 200, 200]
+            }
+            // Their own connections were never blocked: work goes on at once.
+            try await h.publish("dispatch.request", #"{"id":"ai-1","input":"the agm agenda"}"#)
+            let events = try await h.events(until: "ai-1", reaches: "queued")
+            #expect(events.filter { $0["dispatchId"] as? String == "ai-1" }.compactMap { $0["state"] as? String } == ["drafted", "routing", "queued"])
         }
     }
 }
