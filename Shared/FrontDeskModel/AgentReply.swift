@@ -37,12 +37,7 @@ public struct AgentReply: Sendable, Equatable {
             json.field("text", text)
             json.field("activity", activity)
             json.field("etaMs", etaMs)
-            if let error {
-                json.beginObject("error")
-                json.field("code", error.code)
-                json.field("message", error.message)
-                json.endObject()
-            }
+            error?.write("error", to: &json)
             json.field("retryable", retryable)
         }
     }
