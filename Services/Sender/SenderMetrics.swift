@@ -10,6 +10,7 @@ struct SenderMetrics: Sendable {
     let parked: Gauge
     let agents: Gauge
     let inFlight: Gauge
+    let windowHeld: Gauge
     let rejected: Counter
     let leader: Gauge
     let partitionsLed: Gauge
@@ -26,6 +27,9 @@ struct SenderMetrics: Sendable {
         parked = registry.gauge("frontdesk_sender_parked", "dispatches parked, per target", labels: ["target"])
         agents = registry.gauge("frontdesk_sender_agents", "agents consuming, per target, as the leader last saw them", labels: ["target"])
         inFlight = registry.gauge("frontdesk_sender_in_flight", "dispatches with agents, per target", labels: ["target"])
+        windowHeld = registry.gauge(
+            "frontdesk_sender_window_held", "slots of a shared consumer window (inbox, retry) held by dispatches with agents",
+            labels: ["window"])
         rejected = registry.counter("frontdesk_sender_rejected_total", "messages in internal queues that no service wrote, dropped", labels: ["queue"])
         leader = registry.gauge("frontdesk_sender_leader", "1 while this replica leads (a partition, with several)")
         partitionsLed = registry.gauge("frontdesk_sender_partitions_led", "how many of the sender's partitions this replica leads")

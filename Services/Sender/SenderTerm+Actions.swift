@@ -117,6 +117,8 @@ extension SenderTerm {
     func countInFlight(_ route: RoutingTable.Route, _ window: LeaseWindow, _ change: Int) {
         let key = InFlightKey(route: route, window: window)
         inFlightCounts[key, default: 0] += change
+        windowTotals[window, default: 0] += change
+        if shareRule(of: window) != nil { metrics.windowHeld.set(Double(windowTotals[window] ?? 0), window.rawValue) }
         let total = [LeaseWindow.inbox, .retry, .park, .none].reduce(0) { $0 + (inFlightCounts[InFlightKey(route: route, window: $1)] ?? 0) }
         metrics.inFlight.set(Double(total), route.description)
     }

@@ -51,30 +51,26 @@ final class SenderTerm {
     /// windows are shared by all targets, so each target may hold only its
     /// share of them with agents (`share`); past it, a dispatch waits in its
     /// target's park queue, whose window is the target's own.
-    enum LeaseWindow: Sendable {
+    enum LeaseWindow: String, Sendable {
         case inbox, retry, park, none
     }
 
     static let inboxPrefetch: UInt16 = 500
     static let retryPrefetch: UInt16 = 100
 
-    /// How many of a shared window's slots one target's dispatches with
-    /// agents may hold: half the window split over the targets, so silent
-    /// or slow agents of any number of targets leave room for the others.
-    func share(of window: LeaseWindow) -> Int {
-        let targets = max(1, routes.count)
+    /// How a shared window's slots are shared out among the targets (`WindowShare`).
+    func shareRule(of window: LeaseWindow) -> WindowShare? {
         switch window {
-        // No minimum: with more targets than half a window has slots, their
-        // dispatches all wait in their own park queues rather than crowd it.
-        case .inbox: return Int(Self.inboxPrefetch) / (2 * targets)
-        case .retry: return Int(Self.retryPrefetch) / (2 * targets)
-        case .park, .none: return Int.max
+        case .inbox: return WindowShare(prefetch: Int(Self.inboxPrefetch), targets: routes.count)
+        case .retry: return WindowShare(prefetch: Int(Self.retryPrefetch), targets: routes.count)
+        case .park, .none: return nil  // a window of the target's own
         }
     }
 
     /// True when `route` may take one more slot of `window` for a delivery.
     func hasRoom(_ route: RoutingTable.Route, in window: LeaseWindow) -> Bool {
-        (inFlightCounts[InFlightKey(route: route, window: window)] ?? 0) < share(of: window)
+        shareRule(of: window)?.hasRoom(held: inFlightCounts[InFlightKey(route: route, window: window)] ?? 0, windowHeld: windowTotals[window] ?? 0)
+            ?? true
     }
 
     struct InFlightKey: Hashable {
@@ -126,6 +122,8 @@ final class SenderTerm {
     var held: [String: Held] = [:]
     /// Dispatches with agents, by target and the window their lease holds a slot of.
     var inFlightCounts: [InFlightKey: Int] = [:]
+    /// The slots each window's deliveries hold, over every target.
+    var windowTotals: [LeaseWindow: Int] = [:]
     /// The held dispatches' timers, one heap for all (a sleeping task per
     /// dispatch cost a task switch to create and another to cancel).
     var timers = DeadlineQueue<String>()

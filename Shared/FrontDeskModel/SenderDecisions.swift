@@ -47,6 +47,36 @@ public struct DispatchKnowledge: Sendable, Equatable {
     }
 }
 
+/// How the slots of one of the sender's shared consumer windows (inbox,
+/// retry) are shared out among the targets' dispatches with agents, each of
+/// which holds a slot until it ends. A target may hold its share, half the
+/// window split over the targets, so that silent or slow agents of any
+/// number of targets leave room for the others (no minimum: with more
+/// targets than half a window has slots, their dispatches wait in their own
+/// park queues). It may hold more while the whole window holds less than
+/// its spare, a quarter: a lone busy target is not parked behind a share
+/// sized for all of them, and with every share used too, a quarter of the
+/// window stays free for commands and for dispatches on their way to a park
+/// queue.
+public struct WindowShare: Sendable, Equatable {
+    public var prefetch: Int
+    public var targets: Int
+
+    public init(prefetch: Int, targets: Int) {
+        self.prefetch = prefetch
+        self.targets = targets
+    }
+
+    public var share: Int { prefetch / (2 * max(1, targets)) }
+    public var spare: Int { prefetch / 4 }
+
+    /// Whether a target holding `held` slots may take one more while the
+    /// window holds `windowHeld` over every target.
+    public func hasRoom(held: Int, windowHeld: Int) -> Bool {
+        held < share || windowHeld < spare
+    }
+}
+
 /// A target as the leader sees it when it decides.
 public struct TargetView: Sendable, Equatable {
     /// An agent consumes its queue.

@@ -206,6 +206,30 @@ struct SenderDecisionsTests {
         }
     }
 
+    @Test func aTargetHoldsItsShareOrMoreWhileTheWindowHoldsLessThanItsSpare() {
+        let ten = WindowShare(prefetch: 500, targets: 10)
+        #expect(ten.share == 25 && ten.spare == 125)
+        #expect(ten.hasRoom(held: 24, windowHeld: 400), "within its share, however full the window")
+        #expect(!ten.hasRoom(held: 25, windowHeld: 125), "past its share with the spare used up")
+        #expect(ten.hasRoom(held: 124, windowHeld: 124), "a lone busy target takes the spare")
+        #expect(!ten.hasRoom(held: 125, windowHeld: 125))
+        // Held at most: the spare, then every other target's share: three quarters of the window.
+        var held = Array(repeating: 0, count: 10)
+        func take(_ t: Int) -> Bool {
+            guard ten.hasRoom(held: held[t], windowHeld: held.reduce(0, +)) else { return false }
+            held[t] += 1
+            return true
+        }
+        while take(0) {}
+        for t in 1..<10 { while take(t) {} }
+        #expect(held[0] == 125 && held.dropFirst().allSatisfy { $0 == 25 } && held.reduce(0, +) == 350)
+        // One target: half the window; more targets than half a window's slots: no share, the spare still.
+        #expect(WindowShare(prefetch: 500, targets: 1).share == 250)
+        let many = WindowShare(prefetch: 500, targets: 300)
+        #expect(many.share == 0 && many.hasRoom(held: 0, windowHeld: 124) && !many.hasRoom(held: 0, windowHeld: 125))
+        #expect(WindowShare(prefetch: 100, targets: 10).share == 5 && WindowShare(prefetch: 100, targets: 10).spare == 25)
+    }
+
     /// Hand-offs, by what is known and how the target stands.
     static let handOffCases: [(String, DispatchKnowledge?, Bool, Int, TargetView, String)] = [
         ("new, agent there", nil, false, 0, .init(online: true), "deliver"),

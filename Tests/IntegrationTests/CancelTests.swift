@@ -327,6 +327,76 @@ extension BrokerIntegration.UntrustedInputTests {
 extension BrokerIntegration.UntrustedInputTests {
     /// CONTRACT.md: one target's agents — slow, silent, or holding hundreds
     /// of tasks — never delay another target's dispatches.
+    /// A routing table of ten targets in one project: legal and idle-1 … idle-9 (shares of 25 in the inbox window).
+    func tenTargets(_ h: RouterHarness) throws -> String {
+        let idle = (1...9).map { #"{"id":"idle-\#($0)","name":"Idle \#($0)"}"# }.joined(separator: ",")
+        let table = #"{"projects":[{"id":"acme","name":"Acme Corp","targets":[{"id":"legal","name":"Legal"},"# + idle + "]}]}"
+        let tableFile = FileManager.default.temporaryDirectory.appendingPathComponent("routes-ten-\(h.vhost).json").path
+        try table.write(toFile: tableFile, atomically: true, encoding: .utf8)
+        return tableFile
+    }
+
+    /// Its share of the inbox window (500 / (2 × 10 targets) = 25) bounds a
+    /// target only while the window is busy: a lone busy target's burst goes
+    /// straight to its online agent while the window's spare is free, none
+    /// of it `queued` as if offline.
+    @Test func aLoneBusyTargetIsNotParkedBehindItsShare() async throws {
+        try await withHarness("lone-target") { h in
+            let tableFile = try tenTargets(h)
+            defer { try? FileManager.default.removeItem(atPath: tableFile) }
+            try await h.startRouter(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
+            let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .silent)
+            try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+            for i in 0..<100 {
+                try await h.publish("dispatch.request", #"{"id":"lone-\#(i)","input":"the contract","project":"acme","target":"legal"}"#)
+            }
+            let events = try await h.events("all 100 taken by the sender", within: .seconds(30)) { events in
+                Set(events.filter { ["sending", "queued"].contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String }).count >= 100
+            }
+            let queued = events.filter { $0["state"] as? String == "queued" }.compactMap { $0["dispatchId"] as? String }
+            #expect(queued.isEmpty, "\(queued.count) queued though the agent was online")
+            try await h.waitUntil("the agent holds all 100 tasks") { await agent.tasks.all.count == 100 }
+            await agent.stop()
+        }
+    }
+
+    /// With ten targets a silent one takes its share and the spare (150 of
+    /// 500 slots): another target's dispatch is still served at once, and a
+    /// cancel still wins within a second.
+    @Test func aSilentTargetWithTheSpareTooDelaysNoOtherTargetNorACancel() async throws {
+        try await withHarness("isolation-ten") { h in
+            let tableFile = try tenTargets(h)
+            defer { try? FileManager.default.removeItem(atPath: tableFile) }
+            try await h.startRouter(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
+            let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
+            let silent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .silent)
+            let other = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.idle-1")
+            try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+            try await h.waitUntilSenderSeesAgents(sender, on: "acme/idle-1")
+            for i in 0..<600 {
+                try await h.publish("dispatch.request", #"{"id":"iso10-\#(i)","input":"the contract","project":"acme","target":"legal"}"#)
+            }
+            _ = try await h.events("all 600 accepted by the sender", within: .seconds(60)) { events in
+                Set(events.filter { ["sending", "queued"].contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String }).count >= 600
+            }
+            let line = try await h.metrics(sender).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_window_held{window=\"inbox\"}") }
+            #expect(line.flatMap { Double($0.split(separator: " ").last ?? "") } == 125, "the silent target holds the spare: \(line ?? "none")")
+            var started = ContinuousClock.now
+            try await h.publish("dispatch.request", #"{"id":"iso10-other","input":"the agenda","project":"acme","target":"idle-1"}"#)
+            let replied = try await h.events(untilEnded: "iso10-other")
+            #expect(replied.last { $0["dispatchId"] as? String == "iso10-other" }?["state"] as? String == "replied")
+            #expect(ContinuousClock.now - started < .seconds(2), "the other target's dispatch took \(ContinuousClock.now - started)")
+            // A dispatch in flight with the silent agent is cancelled at once.
+            started = ContinuousClock.now
+            try await h.publish("dispatch.cancel", #"{"id":"iso10-3","reason":"user"}"#)
+            _ = try await h.events(until: "iso10-3", reaches: "cancelled", within: .seconds(5))
+            #expect(ContinuousClock.now - started < .seconds(1), "cancelled after \(ContinuousClock.now - started)")
+            await silent.stop()
+            await other.stop()
+        }
+    }
+
     @Test func aSilentAgentHoldingHundredsOfTasksDelaysNoOtherTarget() async throws {
         try await withHarness("isolation") { h in
             try await h.startRouter()
