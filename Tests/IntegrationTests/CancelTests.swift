@@ -327,6 +327,18 @@ extension BrokerIntegration.UntrustedInputTests {
 extension BrokerIntegration.UntrustedInputTests {
     /// CONTRACT.md: one target's agents — slow, silent, or holding hundreds
     /// of tasks — never delay another target's dispatches.
+    /// Sends `count` requests for acme/legal (ids `<prefix>-0` …) and waits until the sender has taken
+    /// each (`sending` or `queued`): the events so far.
+    @discardableResult
+    func sendToLegalUntilTaken(_ h: RouterHarness, _ prefix: String, count: Int) async throws -> [[String: Any]] {
+        for i in 0..<count {
+            try await h.publish("dispatch.request", #"{"id":"\#(prefix)-\#(i)","input":"the contract","project":"acme","target":"legal"}"#)
+        }
+        return try await h.events("all \(count) taken by the sender", within: .seconds(60)) { events in
+            Set(events.filter { ["sending", "queued"].contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String }).count >= count
+        }
+    }
+
     /// A routing table of ten targets in one project: legal and idle-1 … idle-9 (shares of 25 in the inbox window).
     func tenTargets(_ h: RouterHarness) throws -> String {
         let idle = (1...9).map { #"{"id":"idle-\#($0)","name":"Idle \#($0)"}"# }.joined(separator: ",")
@@ -348,12 +360,7 @@ extension BrokerIntegration.UntrustedInputTests {
             let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
             let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal", behaviour: .silent)
             try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
-            for i in 0..<100 {
-                try await h.publish("dispatch.request", #"{"id":"lone-\#(i)","input":"the contract","project":"acme","target":"legal"}"#)
-            }
-            let events = try await h.events("all 100 taken by the sender", within: .seconds(30)) { events in
-                Set(events.filter { ["sending", "queued"].contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String }).count >= 100
-            }
+            let events = try await sendToLegalUntilTaken(h, "lone", count: 100)
             let queued = events.filter { $0["state"] as? String == "queued" }.compactMap { $0["dispatchId"] as? String }
             #expect(queued.isEmpty, "\(queued.count) queued though the agent was online")
             try await h.waitUntil("the agent holds all 100 tasks") { await agent.tasks.all.count == 100 }
@@ -374,12 +381,7 @@ extension BrokerIntegration.UntrustedInputTests {
             let other = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.idle-1")
             try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
             try await h.waitUntilSenderSeesAgents(sender, on: "acme/idle-1")
-            for i in 0..<600 {
-                try await h.publish("dispatch.request", #"{"id":"iso10-\#(i)","input":"the contract","project":"acme","target":"legal"}"#)
-            }
-            _ = try await h.events("all 600 accepted by the sender", within: .seconds(60)) { events in
-                Set(events.filter { ["sending", "queued"].contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String }).count >= 600
-            }
+            try await sendToLegalUntilTaken(h, "iso10", count: 600)
             let line = try await h.metrics(sender).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_window_held{window=\"inbox\"}") }
             #expect(line.flatMap { Double($0.split(separator: " ").last ?? "") } == 125, "the silent target holds the spare: \(line ?? "none")")
             var started = ContinuousClock.now
@@ -406,12 +408,7 @@ extension BrokerIntegration.UntrustedInputTests {
             try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
             try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
             // More than the sender's whole inbox window (500) for the silent target.
-            for i in 0..<600 {
-                try await h.publish("dispatch.request", #"{"id":"iso-\#(i)","input":"the contract","project":"acme","target":"legal"}"#)
-            }
-            _ = try await h.events("all 600 accepted by the sender", within: .seconds(60)) { events in
-                Set(events.filter { ["sending", "queued"].contains($0["state"] as? String ?? "") }.compactMap { $0["dispatchId"] as? String }).count >= 600
-            }
+            try await sendToLegalUntilTaken(h, "iso", count: 600)
             let started = ContinuousClock.now
             try await h.publish("dispatch.request", #"{"id":"iso-other","input":"the agm agenda"}"#)
             let events = try await h.events(untilEnded: "iso-other")
