@@ -59,7 +59,8 @@ public struct DispatchMachine: Sendable {
         case finish(DispatchState)
     }
 
-    public let record: DispatchRecord
+    /// The router's record; a reroute replaces its route (kept in the parked copy).
+    public private(set) var record: DispatchRecord
     public let policy: RetryPolicy
     public private(set) var project: StatusEvent.Project
     public private(set) var target: StatusEvent.Target
@@ -212,6 +213,8 @@ public struct DispatchMachine: Sendable {
         guard !everDelivered, case .parked = phase else { return .refused }
         self.project = project
         self.target = target
+        // The route is the one asked for now: the resolver's guess, its confidence and alternatives no longer apply.
+        record.route = .init(confidence: 1, reason: "rerouted to \(project.name) / \(target.name)", alternatives: [])
         if targetOnline { return .moved(deliver(now: now)) }
         return .moved(parkAndQueue(now: now))
     }

@@ -219,6 +219,11 @@ struct DispatchMachineTests {
             return
         }
         #expect(out.states == [.queued] && out.events[0].routingKey == "status.acme.legal.queued")
+        // The route shown is the one asked for, in this event, the parked copy, and the events after it.
+        let rerouted = StatusEvent.Route(confidence: 1, reason: "rerouted to Acme Corp / Legal", alternatives: [])
+        #expect(out.events[0].route == rerouted && m.parked.record.route == rerouted)
+        var taken = DispatchMachine(parked: m.parked, policy: policy)
+        #expect(taken?.agentCameOnline(now: at(3)).events.first?.route == rerouted)
         #expect(m.agentCameOnline(now: at(3)).first?.deliveredAttempt == 1)
         #expect(m.route.description == "acme/legal")
         #expect(m.rerouteRequested(project: .init(id: "yemaya", name: "Yemaya", glyph: "YE"), target: .init(id: "board-prep", name: "Board Prep"), now: at(4), targetOnline: true) == .refused)
