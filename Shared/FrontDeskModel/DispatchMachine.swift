@@ -214,7 +214,8 @@ public struct DispatchMachine: Sendable {
         self.project = project
         self.target = target
         // The route is the one asked for now: the resolver's guess, its confidence and alternatives no longer apply.
-        record.route = .init(confidence: 1, reason: "rerouted to \(project.name) / \(target.name)", alternatives: [])
+        let names = (project.name.isEmpty ? project.id : project.name, target.name.isEmpty ? target.id : target.name)
+        record.route = .init(confidence: 1, reason: "rerouted to \(names.0) / \(names.1)", alternatives: [])
         if targetOnline { return .moved(deliver(now: now)) }
         return .moved(parkAndQueue(now: now))
     }

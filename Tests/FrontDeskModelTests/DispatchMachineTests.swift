@@ -226,6 +226,11 @@ struct DispatchMachineTests {
         #expect(taken?.agentCameOnline(now: at(3)).events.first?.route == rerouted)
         #expect(m.agentCameOnline(now: at(3)).first?.deliveredAttempt == 1)
         #expect(m.route.description == "acme/legal")
+        // A table may name a target "": the reason names its id then.
+        var unnamed = machine()
+        _ = unnamed.received(now: at(1), targetOnline: false)
+        _ = unnamed.rerouteRequested(project: .init(id: "acme", name: "", glyph: "AC"), target: .init(id: "legal", name: ""), now: at(2), targetOnline: false)
+        #expect(unnamed.record.route?.reason == "rerouted to acme / legal")
         #expect(m.rerouteRequested(project: .init(id: "yemaya", name: "Yemaya", glyph: "YE"), target: .init(id: "board-prep", name: "Board Prep"), now: at(4), targetOnline: true) == .refused)
     }
 
