@@ -66,22 +66,7 @@ extension SenderTerm {
                 logger.info("dead-lettered a reply", [("code", .string(rejection.code.rawValue)), ("reason", .string(rejection.reason))])
                 metrics.deadLetters.increment(rejection.code.rawValue)
                 pendingMessages.append(SharedTopology.deadLetter(d, code: rejection.code, reason: rejection.reason, service: "frontdesk-sender"))
-                // Too large, for a dispatch held here: its attempt fails now (the reason in the failed
-                // event), not at the reply timeout; held by another partition, that error goes there as
-                // a reply. (Read only for a dispatch its correlation_id names and the term or the log
-                // knows: a flood of others costs no parse. Not known yet: it waits for the timeout.)
-                if rejection.code == .tooLarge, let id = d.properties.correlationID {
-                    let elsewhere = held[id] == nil && passesOn ? statusLog.partition(of: id).flatMap { $0 == partition ? nil : $0 } : nil
-                    if held[id] != nil || elsewhere != nil, let error = AgentReply.overLimit(d.body), error.dispatchId == id {
-                        if let k = elsewhere {
-                            pendingMessages.append(passedOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType, body: error.jsonData()))
-                        } else if var h = held[id] {
-                            let actions = h.machine.replyReceived(error, now: now, jitter: error.retryable ? Double.random(in: 0..<1) : 0)
-                            held[id] = h
-                            try await execute(actions, id: id)
-                        }
-                    }
-                }
+                if rejection.code == .tooLarge { try await replyOverLimit(d, now: now) }
             }
             pendingAcks.append(d)  // after the events (or the dead letter) it caused are confirmed
         case .tick:
@@ -378,6 +363,25 @@ extension SenderTerm {
     func passOn(_ d: AMQPDelivery, to queue: String, id: String, type: String) {
         pendingMessages.append(passedOn(d, to: queue, id: id, type: type))
         pendingAcks.append(d)
+    }
+
+    /// A reply over the size limit (dead-lettered already): for a dispatch held
+    /// here its attempt fails now (the reason in the failed event), not at the
+    /// reply timeout; held by another partition, that error goes there as a
+    /// reply. Read only for a dispatch its correlation_id names and the term or
+    /// the log knows: a flood of others costs no parse. Not known yet: it waits
+    /// for the timeout.
+    private func replyOverLimit(_ d: AMQPDelivery, now: Date) async throws {
+        guard let id = d.properties.correlationID else { return }
+        let elsewhere = held[id] == nil && passesOn ? statusLog.partition(of: id).flatMap { $0 == partition ? nil : $0 } : nil
+        guard held[id] != nil || elsewhere != nil, let error = AgentReply.overLimit(d.body), error.dispatchId == id else { return }
+        if let k = elsewhere {
+            pendingMessages.append(passedOn(d, to: SenderTopology.replies(k), id: id, type: Self.passedOnReplyType, body: error.jsonData()))
+        } else if var h = held[id] {
+            let actions = h.machine.replyReceived(error, now: now, jitter: error.retryable ? Double.random(in: 0..<1) : 0)
+            held[id] = h
+            try await execute(actions, id: id)
+        }
     }
 
     /// A copy of `d` for `queue`: its body (or `body`), with properties of our own.

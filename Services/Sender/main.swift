@@ -16,7 +16,7 @@ let registry = MetricsRegistry()
 let service = SenderService(configuration: configuration, table: table, logger: logger, metrics: SenderMetrics(registry))
 var probes: HTTPServer? = nil
 // A resource alarm shows in /readyz while the sender is idle too (`ResourceAlarmProbe`).
-let alarm = configuration.httpPort == 0 ? nil : ResourceAlarmProbe(configuration: configuration.amqp)
+let alarm = configuration.alarmProbe()
 if configuration.httpPort != 0 {
     do {
         probes = try HTTPServer(

@@ -95,11 +95,6 @@ public final class ResourceAlarmProbe: Sendable {
             if !published { failures += 1 }
             await pause(min(Self.maxBackoff, Self.interval * (1 << min(failures, 5))))
         }
-        let last = state.withLock { s -> AMQPConnection? in
-            defer { s.connection = nil }
-            return s.connection
-        }
-        if let last { await last.close() }
     }
 
     public func shutdown() async {

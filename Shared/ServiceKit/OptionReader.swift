@@ -16,13 +16,16 @@ public struct OptionSpecification: Sendable {
 
     /// The variable itself in kebab case (`--frontdesk-lifetime-s`): taken as
     /// well, as CONTRACT.md's "`AMQP_URL` … `--amqp-url`" reads for every variable.
-    var fullFlag: String { "--" + variable.lowercased().replacingOccurrences(of: "_", with: "-") }
+    var fullFlag: String { Self.kebabFlag(variable) }
 
     static func flagName(for variable: String) -> String {
         var name = variable
         if name.hasPrefix("FRONTDESK_") { name.removeFirst("FRONTDESK_".count) }
-        return "--" + name.lowercased().replacingOccurrences(of: "_", with: "-")
+        return kebabFlag(name)
     }
+
+    /// `FRONTDESK_LIFETIME_S` → `--frontdesk-lifetime-s`.
+    private static func kebabFlag(_ name: String) -> String { "--" + name.lowercased().replacingOccurrences(of: "_", with: "-") }
 }
 
 /// A usage mistake: the message says what is wrong in one sentence; exit 2.

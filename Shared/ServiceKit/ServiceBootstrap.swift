@@ -65,7 +65,7 @@ public struct ServiceBootstrap: Sendable {
         let logger = Logger(service: configuration.service, level: configuration.logLevel)
         self.logger = logger
         metrics = MetricsRegistry()
-        alarmProbe = configuration.httpPort == 0 ? nil : ResourceAlarmProbe(configuration: configuration.amqp)
+        alarmProbe = configuration.alarmProbe()
         let connected = metrics.gauge("frontdesk_amqp_connected", "1 while connected with the topology declared")
         let reconnects = metrics.counter("frontdesk_amqp_reconnects_total", "connection attempts that failed or connections lost")
         client = AMQPClient(
@@ -117,6 +117,13 @@ extension ServiceBootstrap {
 }
 
 extension ResourceAlarmProbe: Service {}
+
+extension ServiceConfiguration {
+    /// The alarm probe `/readyz` needs: with the probes on, else none.
+    public func alarmProbe() -> ResourceAlarmProbe? {
+        httpPort == 0 ? nil : ResourceAlarmProbe(configuration: amqp)
+    }
+}
 
 /// Runs an `AMQPClient` as a service: connect and reconnect until shutdown.
 public struct AMQPClientService: Service {

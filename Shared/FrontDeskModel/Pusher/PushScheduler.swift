@@ -74,6 +74,15 @@ public struct PushScheduler: Sendable {
         var lastState: DispatchState?
         var lastRoute: String?
         var touched: Date = .distantPast
+
+        /// What the slot holds once the push `sent` has left it: its tag, and the pending one's.
+        func tags(with sent: PushUpdate) -> [UInt64] { [sent.tag] + (pending.map { [$0.tag] } ?? []) }
+
+        /// A push was answered (or the token changed): the run of failures is over.
+        mutating func endFailures() {
+            failures = 0
+            failingSince = nil
+        }
     }
 
     private var slots: [String: Slot] = [:]
@@ -145,40 +154,37 @@ public struct PushScheduler: Sendable {
         slot.inFlight = nil
         switch outcome {
         case .delivered:
-            slot.failures = 0
-            slot.failingSince = nil
+            slot.endFailures()
             lastDelivered = max(lastDelivered, now)
             if sent.priority == 5 { slot.lastLowPriority = now }
             if sent.isEnd {
                 slots[id] = nil
-                return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .finished(id)]
+                return [.ack(slot.tags(with: sent)), .finished(id)]
             }
             slots[id] = slot
             return [.ack([sent.tag])] + start(id, now: now)
         case .gone:
             slots[id] = nil
-            return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .dropToken(id)]
+            return [.ack(slot.tags(with: sent)), .dropToken(id)]
         case .rejected:
-            slot.failures = 0  // answered: APNs is there, this update will never do
-            slot.failingSince = nil
+            slot.endFailures()  // answered: APNs is there, this update will never do
             if sent.isEnd {  // nothing follows an end: the activity is done with
                 slots[id] = nil
-                return [.ack([sent.tag] + (slot.pending.map { [$0.tag] } ?? [])), .finished(id)]
+                return [.ack(slot.tags(with: sent)), .finished(id)]
             }
             slots[id] = slot
             return [.ack([sent.tag])] + start(id, now: now)
         case .retry(let after):
             let since = min(slot.failingSince ?? now, now)  // a clock set back does not stretch the run
             if now.timeIntervalSince(since) >= giveUpAfter, lastDelivered > since {
-                let tags = [sent.tag] + (slot.pending.map { [$0.tag] } ?? [])
+                let tags = slot.tags(with: sent)
                 if sent.isEnd || slot.pending?.isEnd == true {  // nothing follows an end: done with
                     slots[id] = nil
                     return [.ack(tags), .gaveUp(id), .finished(id)]
                 }
                 // Kept (its last seq still tells a redelivered older event): nothing held, idle, forgotten in time.
                 slot.pending = nil
-                slot.failures = 0
-                slot.failingSince = nil
+                slot.endFailures()
                 slot.notBefore = .distantPast
                 slots[id] = slot
                 return [.ack(tags), .gaveUp(id)]
@@ -205,8 +211,7 @@ public struct PushScheduler: Sendable {
     /// A new token was registered for `id`: its failures were the old token's, and what waits goes now.
     public mutating func tokenChanged(_ id: String, now: Date) -> [Action] {
         guard var slot = slots[id] else { return [] }
-        slot.failures = 0
-        slot.failingSince = nil
+        slot.endFailures()
         slot.notBefore = .distantPast
         slots[id] = slot
         return start(id, now: now)
