@@ -72,6 +72,8 @@ struct RouterService: Service {
     }
 
     func shutdown() async {
+        // Under a resource alarm the intake's cancel would wait for the alarm to clear.
+        client.abandonBlockedConnections()
         if let stop = await intake.stop.get() {
             await stop()
             for await _ in intake.drained.stream {}

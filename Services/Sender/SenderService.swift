@@ -72,7 +72,11 @@ final class SenderService: Service {
             s.stopping = true
             return Array(s.connections.values)
         }
-        for c in connections { await c.close() }
+        for c in connections {
+            // Under a resource alarm a consumer's cancel would wait for the alarm to clear.
+            c.abandonWhenBlocked()
+            await c.close()
+        }
     }
 
     /// How long a replica counts heartbeats before it tries for partitions.

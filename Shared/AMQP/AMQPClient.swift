@@ -44,6 +44,8 @@ public final class AMQPClient: Sendable {
         var stateSubscribers: [UUID: AsyncStream<ConnectionState>.Continuation] = [:]
         var consumers: [UUID: ConsumerRegistration] = [:]
         var shuttingDown = false
+        /// `abandonBlockedConnections()` was called: every connection is told so.
+        var abandonsBlocked = false
         var stopWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
@@ -148,6 +150,7 @@ public final class AMQPClient: Sendable {
                     let accepted = state.withLock { s -> Bool in
                         guard !s.shuttingDown else { return false }
                         s.live = Live(connection: connection, publishChannel: publishChannel)
+                        if s.abandonsBlocked { connection.abandonWhenBlocked() }
                         return true
                     }
                     guard accepted else {
@@ -212,8 +215,21 @@ public final class AMQPClient: Sendable {
         await live?.connection.close()
     }
 
+    /// For a stop, before its consumers are stopped: a connection the broker
+    /// blocks is dropped rather than waited on (`AMQPConnection.abandonWhenBlocked`);
+    /// the client connects again unless it is shutting down. `shutdown()`
+    /// calls it.
+    public func abandonBlockedConnections() {
+        let live = state.withLock { s -> Live? in
+            s.abandonsBlocked = true
+            return s.live
+        }
+        live?.connection.abandonWhenBlocked()
+    }
+
     /// Stops consuming, closes the connection cleanly and makes `run()` return.
     public func shutdown() async {
+        abandonBlockedConnections()
         await stopConsuming()
         let live = state.withLock { s -> Live? in
             s.shuttingDown = true

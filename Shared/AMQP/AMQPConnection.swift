@@ -65,6 +65,13 @@ public final class AMQPConnection: Sendable {
         _ = await core.waitForEnd()
     }
 
+    /// For a stop: from now on, an RPC (a consumer's cancel, a channel's
+    /// open or close) while the broker blocks this connection (a resource
+    /// alarm: it reads nothing from it, so the answer would come only once
+    /// the alarm clears) drops the connection at once. What the connection held unacked goes back to its queues once
+    /// the broker reads again. (A close never waits on a blocked connection.)
+    public func abandonWhenBlocked() { core.abandonWhenBlocked() }
+
     /// Waits until the connection ends: nil after `close()`, else why it failed.
     public func waitForEnd() async -> AMQPError? {
         await core.waitForEnd()

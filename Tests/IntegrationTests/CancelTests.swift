@@ -281,6 +281,46 @@ extension BrokerIntegration.UntrustedInputTests {
             #expect(events.filter { $0["dispatchId"] as? String == "al-1" }.compactMap { $0["state"] as? String } == ["drafted", "routing"])
         }
     }
+
+    /// A service whose own connection the broker blocks stops at once on
+    /// SIGTERM, and cleanly: the broker reads nothing from that connection,
+    /// so a cancel or close would be answered only once the alarm clears.
+    /// What it held goes back to its queue and is handled after the alarm.
+    @Test func aServiceTheBrokerBlocksStopsAtOnce() async throws {
+        try await withHarness("alarm-stop") { h in
+            // Four partitions: the sender writes a heartbeat every 250 ms, so it publishes during the alarm too.
+            let partitions = ["FRONTDESK_SENDER_PARTITIONS": "4"]
+            let first = try await h.startRouter(extraEnvironment: partitions)  // declares the topology
+            first.terminate()
+            first.waitUntilExit()
+            let sender = try await h.startSender(extraEnvironment: partitions)
+            try await h.publish("dispatch.request", #"{"id":"as-1","input":"the agm agenda"}"#)
+            try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.000001"])
+            defer { _ = try? TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"]) }
+            // Started under the alarm: it takes the request, its publishes are blocked.
+            let router = try await h.start("frontdesk-router", extraEnvironment: partitions, waitUntilReady: false)
+            try await h.waitUntil("the broker blocks the router's and the sender's own connections", within: .seconds(15)) {
+                // (client_properties last: it holds the connection's name, the alarm probe's "… (alarm probe)".)
+                let rows = try TestBroker.script(["ctl", "list_connections", "vhost", "state", "client_properties", "--silent"])
+                let blocked = rows.split(separator: "\n").filter { $0.hasPrefix(h.vhost + "\tblocked\t") && !$0.contains("(alarm probe)") }
+                return blocked.contains { $0.contains("frontdesk-router") } && blocked.contains { $0.contains("frontdesk-sender") }
+            }
+            for p in [router, sender] {
+                let stopping = ContinuousClock.now
+                p.terminate()
+                p.waitUntilExit()
+                let took = ContinuousClock.now - stopping
+                #expect(p.terminationStatus == 0)
+                #expect(took < .seconds(6), "\(p === router ? "router" : "sender") stopped in \(took)")
+            }
+            _ = try TestBroker.script(["ctl", "set_vm_memory_high_watermark", "0.4"])
+            // Nothing was lost: the request the blocked router held is routed by the next one.
+            _ = try await h.startRouter(extraEnvironment: partitions)
+            let events = try await h.events(until: "as-1", reaches: "routing", within: .seconds(30))
+            let states = events.filter { $0["dispatchId"] as? String == "as-1" }.compactMap { $0["state"] as? String }
+            #expect(Set(states) == ["drafted", "routing"], "\(states)")
+        }
+    }
 }
 
 extension BrokerIntegration.UntrustedInputTests {

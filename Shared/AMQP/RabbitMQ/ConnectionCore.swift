@@ -20,12 +20,33 @@ final class ConnectionCore: Sendable {
         /// True while the owner thread waits in poll(2): only then does a
         /// new command need the eventfd write that wakes it.
         var ownerIsWaiting = false
+        /// The connection's socket while its handle lives (-1 before and after).
+        var socket: Int32 = -1
     }
 
     private let state = Mutex(State())
     private let wakeFD: Int32
     let name: String
     private let republished = Atomic<Int>(0)
+    private let abandoning = Atomic<Bool>(false)
+
+    /// Set for a stop: an RPC on this connection while the broker blocks
+    /// it drops the connection instead of waiting for an answer
+    /// (`AMQPConnection.abandonWhenBlocked`).
+    var abandonsWhenBlocked: Bool { abandoning.load(ordering: .relaxed) }
+    func abandonWhenBlocked() {
+        abandoning.store(true, ordering: .relaxed)
+        // An RPC already waiting on the owner thread would wait out its
+        // timeout: shutting the socket down ends that wait with an error.
+        state.withLock { s in
+            if s.blockedReason != nil, s.socket >= 0 { _ = Glibc.shutdown(s.socket, Int32(SHUT_RDWR)) }
+        }
+    }
+
+    /// The owner thread's socket, for `abandonWhenBlocked`; forgotten
+    /// before the handle (and so the descriptor) is destroyed.
+    func noteSocket(_ fd: Int32) { state.withLock { $0.socket = fd } }
+    func forgetSocket() { state.withLock { $0.socket = -1 } }
 
     /// Messages published again because their confirms were overdue.
     var republishedCount: Int { republished.load(ordering: .relaxed) }

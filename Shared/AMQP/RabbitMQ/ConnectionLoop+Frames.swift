@@ -83,6 +83,8 @@ extension ConnectionLoop {
         case FD_CONNECTION_BLOCKED:
             let m = method.decoded.assumingMemoryBound(to: amqp_connection_blocked_t.self).pointee
             core.blockedReason = m.reason.len > 0 ? m.reason.string : "a resource alarm"
+            // Stopping: nothing more will be answered on this connection.
+            _ = droppedWhileBlocked()
         case FD_CONNECTION_UNBLOCKED:
             core.blockedReason = nil
         default:

@@ -70,6 +70,7 @@ final class ConnectionLoop {
         frameMax = frame == 0 ? AMQPURL.defaultFrameMax : frame
         let max = Int(amqp_get_channel_max(conn))
         channelMax = max == 0 ? 65535 : max
+        core.noteSocket(amqp_get_sockfd(conn))
     }
 
     deinit { fd_buffer_free(output) }
@@ -112,7 +113,11 @@ final class ConnectionLoop {
         }
         if closeRequested && failure == nil {
             flushOutput()
-            _ = amqp_connection_close(conn, Int32(AMQP_REPLY_SUCCESS))
+            // A blocked connection's close-ok would come only once the alarm
+            // clears (the broker reads nothing from it): drop it instead.
+            if core.blockedReason == nil {
+                _ = amqp_connection_close(conn, Int32(AMQP_REPLY_SUCCESS))
+            }
             failure = AMQPError(.connectionClosed, "the connection \(core.name) was closed")
             finish(nil)
         } else {
@@ -130,6 +135,7 @@ final class ConnectionLoop {
         for t in sleepers { t.wake() }
         // Commands that raced with the end run against the failed loop and fail.
         for command in core.stopAccepting() { command(self) }
+        core.forgetSocket()
         amqp_destroy_connection(conn)
         core.end(error)
     }
@@ -225,7 +231,19 @@ final class ConnectionLoop {
     /// it, ended the connection, so nothing is written after a cut-off frame.
     func flushBeforeDirectWrite() throws {
         flushOutput()
+        _ = droppedWhileBlocked()
         if let failure { throw failure }
+    }
+
+    /// For a stop (`ConnectionCore.abandonsWhenBlocked`): true, and the
+    /// connection ends, if the broker blocks it. It reads nothing from a
+    /// blocked connection, so an RPC would be answered only once the alarm
+    /// clears; dropped, what it held unacked goes back to its queues once
+    /// the broker reads again.
+    func droppedWhileBlocked() -> Bool {
+        guard core.abandonsWhenBlocked, let reason = core.blockedReason else { return false }
+        fail(AMQPError(.connectionClosed, "the connection \(core.name) was dropped while the broker blocks it (\(reason))"))
+        return true
     }
 
     /// Flushes when a burst has buffered more than `outputFlushBytes`.
@@ -282,7 +300,7 @@ final class ConnectionLoop {
     func closeChannel(_ ch: ChannelState) {
         guard channels[ch.id] === ch else { return }
         flushOutput()
-        if ch.closedError == nil, failure == nil {
+        if ch.closedError == nil, failure == nil, !droppedWhileBlocked() {
             _ = amqp_channel_close(conn, ch.id, Int32(AMQP_REPLY_SUCCESS))
         }
         ch.fail(AMQPError(.channelClosed, "channel \(ch.id) was closed"))
