@@ -166,14 +166,12 @@ public final class AMQPClient: Sendable {
                 onEvent(.connected(attempt: attempt))
                 attempt = 0
                 let lost = await connection.waitForEnd()
-                state.withLock { $0.live = nil }
-                if isShuttingDown { break }
+                if endLive() { break }
                 onEvent(.connectionLost(lost))
                 setState(.reconnecting(reason: lost?.description ?? "closed"))
                 if nodes.count > 1 { next += 1 }  // that node may be gone: another first
             } catch {
-                state.withLock { $0.live = nil }
-                if isShuttingDown { break }
+                if endLive() { break }
                 let error = error as? AMQPError ?? AMQPError(.library, "\(error)")
                 next += 1
                 let roundEnded = attempt % nodes.count == 0
@@ -187,6 +185,18 @@ public final class AMQPClient: Sendable {
     }
 
     private var isShuttingDown: Bool { state.withLock { $0.shuttingDown } }
+
+    /// Forgets the live connection, which ended (or failed while starting);
+    /// true if the client stops instead of connecting again: it is shutting
+    /// down, or a stop dropped a connection the broker blocks (a new one
+    /// would be blocked too, and hold the stop up).
+    private func endLive() -> Bool {
+        state.withLock { s in
+            let dropped = s.live?.connection.wasAbandoned ?? false
+            s.live = nil
+            return s.shuttingDown || dropped
+        }
+    }
 
     private func sleepUnlessShuttingDown(milliseconds: Int) async {
         let deadline = ContinuousClock.now + .milliseconds(milliseconds)
@@ -216,9 +226,9 @@ public final class AMQPClient: Sendable {
     }
 
     /// For a stop, before its consumers are stopped: a connection the broker
-    /// blocks is dropped rather than waited on (`AMQPConnection.abandonWhenBlocked`);
-    /// the client connects again unless it is shutting down. `shutdown()`
-    /// calls it.
+    /// blocks is dropped rather than waited on (`AMQPConnection.abandonWhenBlocked`),
+    /// and then the client stops as after `shutdown()` (its consumers end)
+    /// instead of connecting again. `shutdown()` calls it.
     public func abandonBlockedConnections() {
         let live = state.withLock { s -> Live? in
             s.abandonsBlocked = true

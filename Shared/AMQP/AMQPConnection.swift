@@ -65,14 +65,21 @@ public final class AMQPConnection: Sendable {
         _ = await core.waitForEnd()
     }
 
-    /// For a stop: from now on, an RPC (a consumer's cancel, a channel's
-    /// open or close) while the broker blocks this connection (a resource
-    /// alarm: it reads nothing from it, so the answer would come only once
-    /// the alarm clears) drops the connection at once. What the connection held unacked goes back to its queues once
-    /// the broker reads again. (A close never waits on a blocked connection.)
+    /// For a stop: the broker reads nothing from a connection it blocks (a
+    /// resource alarm), so an answer to an RPC or a close would come only
+    /// once the alarm clears. From now on this connection is dropped instead
+    /// of waited on: at once if the broker blocks it now (an RPC already
+    /// waiting included), else when it says so or before the next RPC or
+    /// close. RPCs wait at most `ConnectionLoop.stoppingRPCTimeoutMs`, one
+    /// already waiting included. What it held unacked goes back to its
+    /// queues once the broker notices.
     public func abandonWhenBlocked() { core.abandonWhenBlocked() }
 
-    /// Waits until the connection ends: nil after `close()`, else why it failed.
+    /// True once `abandonWhenBlocked` dropped it.
+    public var wasAbandoned: Bool { core.wasAbandoned }
+
+    /// Waits until the connection ends: nil after `close()` (a drop, for a
+    /// stop under an alarm, included), else why it failed.
     public func waitForEnd() async -> AMQPError? {
         await core.waitForEnd()
     }

@@ -1,4 +1,5 @@
 import CRabbitMQ
+import Dispatch
 import Glibc
 import Synchronization
 
@@ -22,6 +23,8 @@ final class ConnectionCore: Sendable {
         var ownerIsWaiting = false
         /// The connection's socket while its handle lives (-1 before and after).
         var socket: Int32 = -1
+        /// Turns of the owner thread's loop so far (each ends in `prepareToWait`).
+        var turns: UInt64 = 0
     }
 
     private let state = Mutex(State())
@@ -35,18 +38,52 @@ final class ConnectionCore: Sendable {
     /// (`AMQPConnection.abandonWhenBlocked`).
     var abandonsWhenBlocked: Bool { abandoning.load(ordering: .relaxed) }
     func abandonWhenBlocked() {
-        abandoning.store(true, ordering: .relaxed)
+        let first = !abandoning.exchange(true, ordering: .relaxed)
         // An RPC already waiting on the owner thread would wait out its
         // timeout: shutting the socket down ends that wait with an error.
-        state.withLock { s in
-            if s.blockedReason != nil, s.socket >= 0 { _ = Glibc.shutdown(s.socket, Int32(SHUT_RDWR)) }
+        let (turn, busy) = state.withLock { s -> (UInt64, Bool) in
+            if s.blockedReason != nil { dropSocket(&s) }
+            return (s.turns, !s.ownerIsWaiting)
+        }
+        guard first else { return }
+        // Later RPCs wait less. One already waiting may be on a block the
+        // broker has sent but rabbitmq-c holds unread: if that turn of the
+        // loop has not ended by then, it is cut short the same way.
+        _ = submit { loop in loop.useStoppingRPCTimeout() }
+        guard busy else { return }
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(ConnectionLoop.stoppingRPCTimeoutMs)) { [self] in
+            state.withLock { s in
+                if s.turns == turn, !s.ownerIsWaiting { dropSocket(&s) }
+            }
         }
     }
 
-    /// The owner thread's socket, for `abandonWhenBlocked`; forgotten
-    /// before the handle (and so the descriptor) is destroyed.
-    func noteSocket(_ fd: Int32) { state.withLock { $0.socket = fd } }
-    func forgetSocket() { state.withLock { $0.socket = -1 } }
+    /// Dropped for a stop (`abandonWhenBlocked`): the client does not connect again.
+    var wasAbandoned: Bool { abandoned.load(ordering: .relaxed) }
+    func noteAbandoned() { abandoned.store(true, ordering: .relaxed) }
+    private let abandoned = Atomic<Bool>(false)
+
+    private func dropSocket(_ s: inout State) {
+        guard s.socket >= 0 else { return }
+        abandoned.store(true, ordering: .relaxed)
+        _ = Glibc.shutdown(s.socket, Int32(SHUT_RDWR))
+    }
+
+    /// A duplicate of the owner thread's socket, for `abandonWhenBlocked`:
+    /// rabbitmq-c may close its own descriptor (an RPC or heartbeat timeout)
+    /// and the number be reused; the duplicate names the same socket until
+    /// `forgetSocket()`, called before the handle is destroyed.
+    func noteSocket(_ fd: Int32) {
+        let copy = fd >= 0 ? dup(fd) : -1
+        state.withLock { $0.socket = copy }
+    }
+    func forgetSocket() {
+        let fd = state.withLock { s -> Int32 in
+            defer { s.socket = -1 }
+            return s.socket
+        }
+        if fd >= 0 { _ = Glibc.close(fd) }
+    }
 
     /// Messages published again because their confirms were overdue.
     var republishedCount: Int { republished.load(ordering: .relaxed) }
@@ -129,6 +166,7 @@ final class ConnectionCore: Sendable {
     /// arrived meanwhile and it should not wait at all.
     func prepareToWait() -> Bool {
         state.withLock { s in
+            s.turns &+= 1
             guard s.commands.isEmpty else { return false }
             s.ownerIsWaiting = true
             return true

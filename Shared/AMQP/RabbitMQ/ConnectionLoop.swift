@@ -113,9 +113,9 @@ final class ConnectionLoop {
         }
         if closeRequested && failure == nil {
             flushOutput()
-            // A blocked connection's close-ok would come only once the alarm
-            // clears (the broker reads nothing from it): drop it instead.
-            if core.blockedReason == nil {
+            // For a stop, a blocked connection's close-ok would come only
+            // once the alarm clears (the broker reads nothing from it): drop it instead.
+            if !(core.abandonsWhenBlocked && core.blockedReason != nil) {
                 _ = amqp_connection_close(conn, Int32(AMQP_REPLY_SUCCESS))
             }
             failure = AMQPError(.connectionClosed, "the connection \(core.name) was closed")
@@ -235,6 +235,17 @@ final class ConnectionLoop {
         if let failure { throw failure }
     }
 
+    /// How long an RPC may wait once the connection is being stopped
+    /// (`ConnectionCore.abandonWhenBlocked`): long enough for a busy broker's
+    /// answer, short enough that a block it has not yet reported does not
+    /// hold the stop for the full RPC timeout.
+    static let stoppingRPCTimeoutMs = 5000
+
+    func useStoppingRPCTimeout() {
+        var timeout = timeval(tv_sec: Self.stoppingRPCTimeoutMs / 1000, tv_usec: (Self.stoppingRPCTimeoutMs % 1000) * 1000)
+        _ = amqp_set_rpc_timeout(conn, &timeout)
+    }
+
     /// For a stop (`ConnectionCore.abandonsWhenBlocked`): true, and the
     /// connection ends, if the broker blocks it. It reads nothing from a
     /// blocked connection, so an RPC would be answered only once the alarm
@@ -242,6 +253,7 @@ final class ConnectionLoop {
     /// the broker reads again.
     func droppedWhileBlocked() -> Bool {
         guard core.abandonsWhenBlocked, let reason = core.blockedReason else { return false }
+        core.noteAbandoned()
         fail(AMQPError(.connectionClosed, "the connection \(core.name) was dropped while the broker blocks it (\(reason))"))
         return true
     }
