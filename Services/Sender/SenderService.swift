@@ -72,10 +72,11 @@ final class SenderService: Service {
             s.stopping = true
             return Array(s.connections.values)
         }
-        for c in connections {
-            // Under a resource alarm a consumer's cancel would wait for the alarm to clear.
-            c.abandonWhenBlocked()
-            await c.close()
+        // Under a resource alarm a consumer's cancel would wait for the alarm
+        // to clear; each connection may still take a few seconds: all at once.
+        for c in connections { c.abandonWhenBlocked() }
+        await withDiscardingTaskGroup { group in
+            for c in connections { group.addTask { await c.close() } }
         }
     }
 

@@ -23,7 +23,9 @@ final class ConnectionCore: Sendable {
         var ownerIsWaiting = false
         /// The connection's socket while its handle lives (-1 before and after).
         var socket: Int32 = -1
-        /// Turns of the owner thread's loop so far (each ends in `prepareToWait`).
+        /// Turns of the owner thread's loop that reached their wait
+        /// (`prepareToWait`); a turn that skips it (rabbitmq-c still holds
+        /// bytes) is followed within milliseconds by one that does not.
         var turns: UInt64 = 0
     }
 
@@ -37,7 +39,7 @@ final class ConnectionCore: Sendable {
     /// it drops the connection instead of waiting for an answer
     /// (`AMQPConnection.abandonWhenBlocked`).
     var abandonsWhenBlocked: Bool { abandoning.load(ordering: .relaxed) }
-    func abandonWhenBlocked() {
+    func abandonWhenBlocked(cutAfterMs: Int = ConnectionLoop.stoppingRPCTimeoutMs) {
         let first = !abandoning.exchange(true, ordering: .relaxed)
         // An RPC already waiting on the owner thread would wait out its
         // timeout: shutting the socket down ends that wait with an error.
@@ -48,10 +50,12 @@ final class ConnectionCore: Sendable {
         guard first else { return }
         // Later RPCs wait less. One already waiting may be on a block the
         // broker has sent but rabbitmq-c holds unread: if that turn of the
-        // loop has not ended by then, it is cut short the same way.
+        // loop has not ended by then, it is cut short the same way, and the
+        // connection counts as dropped for the stop (were it merely slow,
+        // what it held unacked is delivered again: a duplicate, not a loss).
         _ = submit { loop in loop.useStoppingRPCTimeout() }
         guard busy else { return }
-        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(ConnectionLoop.stoppingRPCTimeoutMs)) { [self] in
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(cutAfterMs)) { [self] in
             state.withLock { s in
                 if s.turns == turn, !s.ownerIsWaiting { dropSocket(&s) }
             }

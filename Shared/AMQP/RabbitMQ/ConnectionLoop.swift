@@ -115,7 +115,9 @@ final class ConnectionLoop {
             flushOutput()
             // For a stop, a blocked connection's close-ok would come only
             // once the alarm clears (the broker reads nothing from it): drop it instead.
-            if !(core.abandonsWhenBlocked && core.blockedReason != nil) {
+            if core.abandonsWhenBlocked && core.blockedReason != nil {
+                core.noteAbandoned()
+            } else {
                 _ = amqp_connection_close(conn, Int32(AMQP_REPLY_SUCCESS))
             }
             failure = AMQPError(.connectionClosed, "the connection \(core.name) was closed")
@@ -337,6 +339,10 @@ final class ConnectionLoop {
             throw brokerClosedConnection(code: code, text: text, context: context)
         case .library(let status):
             let error = AMQPError.library(status, context)
+            // Stopping, an RPC that timed out most likely waited on a block
+            // rabbitmq-c holds unread: the connection is dropped for the
+            // stop, not replaced (`AMQPClient`).
+            if status == AMQP_STATUS_TIMEOUT.rawValue, core.abandonsWhenBlocked { core.noteAbandoned() }
             // A library failure leaves the stream in an unknown state: end the connection.
             fail(error)
             throw error
