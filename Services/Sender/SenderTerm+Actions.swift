@@ -50,6 +50,8 @@ extension SenderTerm {
                 messages.append(OutboundMessage(
                     exchange: "", routingKey: SenderTopology.parkQueue(route), body: body, properties: properties, mandatory: true))
                 messages.append(waitingRecord(copy, body: body))
+                recentParks.issue(route)
+                parksInBatch.append(route)
                 release = true
             case .delay(let copy, let until):
                 // A retry waits in the broker, not here: in a delay queue whose TTL

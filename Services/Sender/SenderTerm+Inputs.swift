@@ -82,7 +82,8 @@ extension SenderTerm {
             }
             if !heldReplies.isEmpty { placeHeldReplies(now: now) }
             if !recentCommands.isEmpty { try await lookAgainAtRecentCommands(now: now) }
-        case .presence(let snapshot):
+        case .presence(let snapshot, let startedAt):
+            recentParks.polled(startedAt: startedAt)
             try await presenceChanged(snapshot, now: now)
         case .markerRead(let marker, let read):
             placeHeldReplies(now: now, markerRead: (marker, read))
@@ -124,7 +125,12 @@ extension SenderTerm {
 
     /// The targets as the decisions see them, for a lease in `window`.
     private func targets(_ window: LeaseWindow) -> (RoutingTable.Route) -> TargetView {
-        { [self] route in TargetView(online: online(route), parked: Int(presence[route]?.parked ?? 0), hasRoom: hasRoom(route, in: window)) }
+        let uncounted = recentParks.current
+        return { [self] route in
+            TargetView(
+                online: online(route), parked: Int(presence[route]?.parked ?? 0) + uncounted.uncounted(route),
+                hasRoom: hasRoom(route, in: window))
+        }
     }
 
     private func handOff(_ d: AMQPDelivery, now: Date) async throws {

@@ -11,8 +11,9 @@ extension SenderTerm {
     static func pollPresence(channel: AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route], feed: BatchQueue<Input>) async {
         var channel = channel
         while !Task.isCancelled {
+            let started = ContinuousClock.now
             guard let snapshot = try? await presenceSnapshot(&channel, connection, routes: routes) else { return feed.finish() }
-            feed.yield(.presence(snapshot))
+            feed.yield(.presence(snapshot, startedAt: started))
             try? await Task.sleep(for: .milliseconds(300))
         }
     }

@@ -415,6 +415,53 @@ extension BrokerIntegration.UntrustedInputTests {
         }
     }
 
+    /// A dispatch parked because its target had no room keeps its place: a
+    /// newer one that comes just as a slot frees does not overtake it, though
+    /// the sender's poll of the park queue (every 300 ms) may not have counted
+    /// it yet. Four targets, each filled until one dispatch parks (the first
+    /// takes its share and the window's spare, 125; the others their share,
+    /// 25); then at once one slot frees (a final reply) and one more comes.
+    @Test func aParkedDispatchIsNotOvertakenWhenASlotFrees() async throws {
+        try await withHarness("park-fifo") { h in
+            let tableFile = try tenTargets(h)
+            defer { try? FileManager.default.removeItem(atPath: tableFile) }
+            try await h.startRouter(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
+            let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
+            var agents: [TestAgent] = []
+            for (trial, target) in ["legal", "idle-1", "idle-2", "idle-3"].enumerated() {
+                // (Each agent stays: one that left would give its slots back.)
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.\(target)", behaviour: .silent)
+                agents.append(agent)
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/\(target)")
+                let count = trial == 0 ? 126 : 26
+                for i in 0..<count {
+                    try await h.publish("dispatch.request", #"{"id":"fifo-\#(trial)-\#(i)","input":"the contract","project":"acme","target":"\#(target)"}"#)
+                }
+                let parked = "fifo-\(trial)-\(count - 1)"
+                try await h.waitUntil("\(parked) queued", within: .seconds(30)) { h.arrival(of: parked, "queued") != nil }
+                // At once: a slot frees, and a newer dispatch comes.
+                let task = try #require(await agent.tasks.all.first)
+                let body = try #require(try JSONSerialization.jsonObject(with: task.body) as? [String: Any])
+                let id = try #require(body["dispatchId"] as? String)
+                let reply = try JSONSerialization.data(withJSONObject: ["dispatchId": id, "attempt": body["attempt"] as? Int ?? 1, "kind": "final", "text": "done"])
+                try await h.channel.publish(
+                    exchange: "", routingKey: "frontdesk.replies", body: reply,
+                    properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
+                let late = "fifo-\(trial)-late"
+                try await h.publish("dispatch.request", #"{"id":"\#(late)","input":"the contract","project":"acme","target":"\#(target)"}"#)
+                // The parked one reaches the agent (sending) first; the newer one waits behind it.
+                try await h.waitUntil("\(parked) sent, and \(late) sent or queued", within: .seconds(10)) {
+                    h.arrival(of: parked, "sending") != nil && (h.arrival(of: late, "sending") ?? h.arrival(of: late, "queued")) != nil
+                }
+                let parkedSent = try #require(h.arrival(of: parked, "sending"))
+                if let lateSent = h.arrival(of: late, "sending") {
+                    #expect(parkedSent <= lateSent, "trial \(trial): \(late) was sent \(parkedSent - lateSent) before \(parked)")
+                }
+            }
+            for agent in agents { await agent.stop() }
+        }
+    }
+
     /// With ten targets a silent one takes its share and the spare (150 of
     /// 500 slots): another target's dispatch is still served at once, and a
     /// cancel still wins within a second.
