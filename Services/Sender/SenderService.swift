@@ -679,12 +679,3 @@ final class Flag: Sendable {
     /// Whether it was set, clearing it.
     func take() -> Bool { value.exchange(false, ordering: .acquiringAndReleasing) }
 }
-
-/// A term's `RecentParks`: issued and polled on the term, confirmed as the windows are.
-final class ParkLedger: Sendable {
-    private let parks = Mutex(RecentParks<RoutingTable.Route>())
-    func issue(_ route: RoutingTable.Route) { parks.withLock { $0.issue(route) } }
-    func confirm(_ routes: [RoutingTable.Route]) { parks.withLock { $0.confirm(routes, at: .now) } }
-    func polled(startedAt: ContinuousClock.Instant) { parks.withLock { $0.polled(startedAt: startedAt) } }
-    var current: RecentParks<RoutingTable.Route> { parks.withLock { $0 } }
-}

@@ -43,15 +43,15 @@ extension SenderTerm {
                 if event.state == .replied { repliedStartedAt = event.startedAt }
             case .park(let copy, let until):
                 let route = RoutingTable.Route(project: copy.project.id, target: copy.target.id)
-                var properties = AMQPProperties.persistentJSON(messageID: "\(id)/parked/\(copy.lastSeq)", correlationID: id, type: ParkedDispatch.type)
+                let key = "\(id)/parked/\(copy.lastSeq)"
+                var properties = AMQPProperties.persistentJSON(messageID: key, correlationID: id, type: ParkedDispatch.type)
                     .stamped(by: login)
                 properties.expiration = String(SenderTopology.ttlMs(until: until, now: Date()))
                 let body = copy.jsonData()
                 messages.append(OutboundMessage(
                     exchange: "", routingKey: SenderTopology.parkQueue(route), body: body, properties: properties, mandatory: true))
                 messages.append(waitingRecord(copy, body: body))
-                recentParks.issue(route)
-                parksInBatch.append(route)
+                recentParks.parked(key, at: route, now: .now)
                 release = true
             case .delay(let copy, let until):
                 // A retry waits in the broker, not here: in a delay queue whose TTL

@@ -20,9 +20,11 @@ extension SenderTerm {
             }
         case .parked(let d, let route):
             guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.parkQueue(route), copyWriters) }
+            if let key = d.properties.messageID { recentParks.surfaced(key) }
             try await surfaced(d, .parked, from: route, window: .park, now: now)
         case .expired(let d):
             guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.expired(partition), copyWriters) }
+            if let key = d.properties.messageID { recentParks.surfaced(key) }
             if passesOn, let copy = try? ParkedDispatch(jsonData: d.body), !owns(copy.route) {
                 return passOn(d, to: SenderTopology.expired(partitions.partition(of: copy.route)), id: copy.record.id, type: ParkedDispatch.type)
             }
@@ -70,6 +72,7 @@ extension SenderTerm {
             }
             pendingAcks.append(d)  // after the events (or the dead letter) it caused are confirmed
         case .tick:
+            recentParks.forgetOld(now: .now)
             for due in timers.due(at: now) {
                 guard var h = held[due.key], h.timerGeneration == due.generation else { continue }
                 let actions = h.machine.timerFired(now: now, targetOnline: online(h.machine.route), jitter: Double.random(in: 0..<1))
@@ -82,8 +85,7 @@ extension SenderTerm {
             }
             if !heldReplies.isEmpty { placeHeldReplies(now: now) }
             if !recentCommands.isEmpty { try await lookAgainAtRecentCommands(now: now) }
-        case .presence(let snapshot, let startedAt):
-            recentParks.polled(startedAt: startedAt)
+        case .presence(let snapshot):
             try await presenceChanged(snapshot, now: now)
         case .markerRead(let marker, let read):
             placeHeldReplies(now: now, markerRead: (marker, read))
@@ -125,10 +127,9 @@ extension SenderTerm {
 
     /// The targets as the decisions see them, for a lease in `window`.
     private func targets(_ window: LeaseWindow) -> (RoutingTable.Route) -> TargetView {
-        let uncounted = recentParks.current
-        return { [self] route in
+        { [self] route in
             TargetView(
-                online: online(route), parked: Int(presence[route]?.parked ?? 0) + uncounted.uncounted(route),
+                online: online(route), parked: Int(presence[route]?.parked ?? 0) + recentParks.count(route),
                 hasRoom: hasRoom(route, in: window))
         }
     }

@@ -11,9 +11,8 @@ extension SenderTerm {
     static func pollPresence(channel: AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route], feed: BatchQueue<Input>) async {
         var channel = channel
         while !Task.isCancelled {
-            let started = ContinuousClock.now
             guard let snapshot = try? await presenceSnapshot(&channel, connection, routes: routes) else { return feed.finish() }
-            feed.yield(.presence(snapshot, startedAt: started))
+            feed.yield(.presence(snapshot))
             try? await Task.sleep(for: .milliseconds(300))
         }
     }

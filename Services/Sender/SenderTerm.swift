@@ -17,8 +17,7 @@ final class SenderTerm {
         case retryDue(AMQPDelivery)
         /// Every `tickInterval`: the timers now due fire.
         case tick
-        /// A presence poll's snapshot, and when the poll began.
-        case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)], startedAt: ContinuousClock.Instant)
+        case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
         /// A marker published for held replies was read (or given up on).
         case markerRead(String, Bool)
         /// Partition 0's leader saw a `sending` event of this dispatch (noted in the log).
@@ -139,10 +138,8 @@ final class SenderTerm {
     /// flood of cancels for unknown ids must not grow memory without bound).
     static let maxPendingCommands = 100_000
     var presence: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
-    /// Parks the last presence poll may not have counted (confirmed as their windows are).
-    let recentParks = ParkLedger()
-    /// The routes of the parks in the batch being handled, one entry a park.
-    var parksInBatch: [RoutingTable.Route] = []
+    /// Parks whose copies have not surfaced yet: the presence poll may not count them.
+    var recentParks = RecentParks<RoutingTable.Route>()
     var parkConsumers: [RoutingTable.Route: AMQPConsumer] = [:]
     var forwarders: [Task<Void, Never>] = []
 
@@ -314,10 +311,7 @@ final class SenderTerm {
             publisher = fresh
             publisherSince = .now
         }
-        let parks = parksInBatch
-        parksInBatch = []
-        try await settler.publish(messages, on: publisher, acks: acks) { [statusLog, recentParks] in
-            if !parks.isEmpty { recentParks.confirm(parks) }
+        try await settler.publish(messages, on: publisher, acks: acks) { [statusLog] in
             for m in noted {
                 if m.exchange == SharedTopology.statusExchange {
                     statusLog.note(properties: m.properties, routingKey: m.routingKey)

@@ -1,41 +1,47 @@
-/// The dispatches a sender term parked that its presence poll may not count
-/// yet. A new dispatch goes straight to an online target only while none
-/// waits in its park queue (`TargetView.takesNew`), but that queue's count
-/// comes from a poll every 300 ms: a dispatch parked since the last poll
-/// began would otherwise be overtaken by a newer one as soon as a slot frees.
+/// The dispatches a sender term parked whose copies it has not yet seen
+/// surface. A new dispatch goes straight to an online target only while
+/// none waits in its park queue (`TargetView.takesNew`), but that queue's
+/// count comes from a poll every 300 ms, and counts only the messages ready
+/// (not one its park consumer holds): a dispatch parked for want of room
+/// would otherwise be overtaken by a newer one as soon as a slot freed.
 ///
-/// A park counts here from when it is issued; once confirmed (stored in the
-/// queue), until a poll that began after the confirm has reported, as that
-/// poll's count includes it. Pure: the caller passes the times.
+/// A park counts from when it is issued until its copy surfaces (or
+/// expires) in this term. Online, a copy surfaces within a poll or two; one
+/// that has not after `hold` (its target went offline, or the copy was lost
+/// with a queue) stops counting, so a lost copy cannot hold a target's new
+/// dispatches on the park path. Pure: the caller passes the times.
 public struct RecentParks<Route: Hashable & Sendable>: Sendable {
-    /// Issued, not yet confirmed.
-    private var issued: [Route: Int] = [:]
-    /// Confirmed at these instants, not yet covered by a poll.
-    private var confirmed: [Route: [ContinuousClock.Instant]] = [:]
+    public let hold: Duration
+    /// By the copy's message id.
+    private var parks: [String: (route: Route, at: ContinuousClock.Instant)] = [:]
+    private var counts: [Route: Int] = [:]
 
-    public init() {}
+    public init(hold: Duration = .seconds(5)) { self.hold = hold }
 
-    /// A park to `route` is in a window about to be published.
-    public mutating func issue(_ route: Route) { issued[route, default: 0] += 1 }
-
-    /// The window holding parks to `routes` (one entry a park) was confirmed at `at`.
-    public mutating func confirm(_ routes: [Route], at: ContinuousClock.Instant) {
-        for route in routes {
-            if let n = issued[route] { issued[route] = n > 1 ? n - 1 : nil }
-            confirmed[route, default: []].append(at)
-        }
+    /// A copy of a dispatch, `key` its message id, is parked at `route`.
+    public mutating func parked(_ key: String, at route: Route, now: ContinuousClock.Instant) {
+        remove(key)
+        parks[key] = (route, now)
+        counts[route, default: 0] += 1
     }
 
-    /// A poll that began at `startedAt` reported: it counts every park confirmed before then.
-    public mutating func polled(startedAt: ContinuousClock.Instant) {
-        for (route, times) in confirmed {
-            let left = times.filter { $0 >= startedAt }
-            confirmed[route] = left.isEmpty ? nil : left
-        }
+    /// The copy `key` came out of its queue (surfaced or expired).
+    public mutating func surfaced(_ key: String) { remove(key) }
+
+    /// Stops counting parks older than `hold`.
+    public mutating func forgetOld(now: ContinuousClock.Instant) {
+        guard !parks.isEmpty else { return }
+        for (key, park) in parks where now - park.at >= hold { remove(key) }
     }
 
-    /// Parks to `route` the last poll may not have counted.
-    public func uncounted(_ route: Route) -> Int {
-        (issued[route] ?? 0) + (confirmed[route]?.count ?? 0)
+    /// Parks at `route` whose copies have not surfaced.
+    public func count(_ route: Route) -> Int { counts[route] ?? 0 }
+
+    public var isEmpty: Bool { parks.isEmpty }
+
+    private mutating func remove(_ key: String) {
+        guard let old = parks.removeValue(forKey: key) else { return }
+        let n = (counts[old.route] ?? 1) - 1
+        counts[old.route] = n > 0 ? n : nil
     }
 }

@@ -1,55 +1,54 @@
 import FrontDeskModel
 import Testing
 
-/// `RecentParks`: what a sender term parked that its presence poll may not
-/// have counted yet, so that a newer dispatch does not overtake it.
-@Suite("Parks the presence poll has not counted yet")
+/// `RecentParks`: what a sender term parked and has not seen surface, which
+/// the presence poll may not count, so that a newer dispatch does not
+/// overtake it.
+@Suite("Parks whose copies have not surfaced")
 struct RecentParksTests {
     let t0 = ContinuousClock.now
 
-    @Test func aParkCountsFromIssueUntilAPollThatBeganAfterItsConfirm() {
+    @Test func aParkCountsUntilItsCopySurfaces() {
         var parks = RecentParks<String>()
-        parks.issue("a")
-        #expect(parks.uncounted("a") == 1)
-        #expect(parks.uncounted("b") == 0)
-        // A poll that began before the window was confirmed may not have seen it.
-        parks.polled(startedAt: t0)
-        #expect(parks.uncounted("a") == 1)
-        parks.confirm(["a"], at: t0 + .milliseconds(10))
-        #expect(parks.uncounted("a") == 1)
-        parks.polled(startedAt: t0 + .milliseconds(5))
-        #expect(parks.uncounted("a") == 1)
-        // (One that began at the same instant may not have either.)
-        parks.polled(startedAt: t0 + .milliseconds(10))
-        #expect(parks.uncounted("a") == 1)
-        // One that began after it counts it in its own figure.
-        parks.polled(startedAt: t0 + .milliseconds(11))
-        #expect(parks.uncounted("a") == 0)
+        parks.parked("d1/parked/2", at: "a", now: t0)
+        parks.parked("d2/parked/2", at: "a", now: t0)
+        parks.parked("d3/parked/2", at: "b", now: t0)
+        #expect(parks.count("a") == 2)
+        #expect(parks.count("b") == 1)
+        #expect(parks.count("c") == 0)
+        parks.surfaced("d1/parked/2")
+        #expect(parks.count("a") == 1)
+        parks.surfaced("d1/parked/2")  // a second copy of it: nothing more
+        parks.surfaced("someone-else/parked/1")  // parked by an earlier term
+        #expect(parks.count("a") == 1)
+        parks.surfaced("d2/parked/2")
+        parks.surfaced("d3/parked/2")
+        #expect(parks.count("a") == 0)
+        #expect(parks.count("b") == 0)
+        #expect(parks.isEmpty)
     }
 
-    @Test func parksOfOneWindowAndOfSeveralRoutesAreCountedApart() {
+    /// The same copy parked again (its id and seq) counts once, at its latest route.
+    @Test func aCopyParkedAgainCountsOnce() {
         var parks = RecentParks<String>()
-        for route in ["a", "a", "b"] { parks.issue(route) }
-        #expect(parks.uncounted("a") == 2)
-        parks.confirm(["a", "b"], at: t0)
-        #expect(parks.uncounted("a") == 2)  // one confirmed, one still issued
-        #expect(parks.uncounted("b") == 1)
-        parks.confirm(["a"], at: t0 + .milliseconds(300))
-        parks.polled(startedAt: t0 + .milliseconds(100))
-        #expect(parks.uncounted("a") == 1)
-        #expect(parks.uncounted("b") == 0)
-        parks.polled(startedAt: t0 + .milliseconds(400))
-        #expect(parks.uncounted("a") == 0)
+        parks.parked("d1/parked/2", at: "a", now: t0)
+        parks.parked("d1/parked/2", at: "b", now: t0)
+        #expect(parks.count("a") == 0)
+        #expect(parks.count("b") == 1)
     }
 
-    /// A confirm never counts below zero issued, whatever the order.
-    @Test func aConfirmWithoutAnIssueStillCountsUntilPolled() {
-        var parks = RecentParks<String>()
-        parks.confirm(["a"], at: t0)
-        #expect(parks.uncounted("a") == 1)
-        parks.issue("a")
-        #expect(parks.uncounted("a") == 2)
-        parks.polled(startedAt: t0 + .seconds(1))
-        #expect(parks.uncounted("a") == 1)
+    /// A copy that never surfaces (its queue was deleted, its target left)
+    /// stops counting after `hold`, so the target's new dispatches go straight again.
+    @Test func aParkNotSeenToSurfaceStopsCountingAfterTheHold() {
+        var parks = RecentParks<String>(hold: .seconds(5))
+        parks.parked("d1/parked/2", at: "a", now: t0)
+        parks.parked("d2/parked/2", at: "a", now: t0 + .seconds(3))
+        parks.forgetOld(now: t0 + .milliseconds(4999))
+        #expect(parks.count("a") == 2)
+        parks.forgetOld(now: t0 + .seconds(5))
+        #expect(parks.count("a") == 1)
+        parks.forgetOld(now: t0 + .seconds(8))
+        #expect(parks.count("a") == 0)
+        #expect(parks.isEmpty)
     }
 }
