@@ -428,6 +428,7 @@ extension BrokerIntegration.UntrustedInputTests {
             try await h.startRouter(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
             let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_ROUTES": tableFile])
             var agents: [TestAgent] = []
+            var raced = 0
             for (trial, target) in ["legal", "idle-1", "idle-2", "idle-3"].enumerated() {
                 // (Each agent stays: one that left would give its slots back.)
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.\(target)", behaviour: .silent)
@@ -448,6 +449,7 @@ extension BrokerIntegration.UntrustedInputTests {
                     exchange: "", routingKey: "frontdesk.replies", body: reply,
                     properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
                 let late = "fifo-\(trial)-late"
+                let lateAt = ContinuousClock.now
                 try await h.publish("dispatch.request", #"{"id":"\#(late)","input":"the contract","project":"acme","target":"\#(target)"}"#)
                 // The parked one reaches the agent (sending) first; the newer one waits
                 // behind it in the park queue, and follows (parked copies have slots of their own).
@@ -457,7 +459,14 @@ extension BrokerIntegration.UntrustedInputTests {
                 let parkedSent = try #require(h.arrival(of: parked, "sending"))
                 let lateSent = try #require(h.arrival(of: late, "sending"))
                 #expect(parkedSent < lateSent, "trial \(trial): \(late) was sent \(parkedSent - lateSent) before \(parked)")
+                // The race was on: the parked one still waited when the newer one came (and so the newer one waited too).
+                if parkedSent > lateAt {
+                    raced += 1
+                    #expect(h.arrival(of: late, "queued") != nil, "trial \(trial): \(late) went straight past \(parked)")
+                }
             }
+            // (The sender's poll may find a park before the slot frees; most trials race.)
+            #expect(raced >= 2, "only \(raced) of 4 trials raced")
             for agent in agents { await agent.stop() }
         }
     }
