@@ -43,7 +43,7 @@ extension SenderTerm {
                 if event.state == .replied { repliedStartedAt = event.startedAt }
             case .park(let copy, let until):
                 let route = RoutingTable.Route(project: copy.project.id, target: copy.target.id)
-                let key = "\(id)/parked/\(copy.lastSeq)"
+                let key = copy.parkKey
                 var properties = AMQPProperties.persistentJSON(messageID: key, correlationID: id, type: ParkedDispatch.type)
                     .stamped(by: login)
                 properties.expiration = String(SenderTopology.ttlMs(until: until, now: Date()))

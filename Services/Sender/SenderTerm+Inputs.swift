@@ -20,11 +20,9 @@ extension SenderTerm {
             }
         case .parked(let d, let route):
             guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.parkQueue(route), copyWriters) }
-            if let key = d.properties.messageID { recentParks.surfaced(key) }
             try await surfaced(d, .parked, from: route, window: .park, now: now)
         case .expired(let d):
             guard copyWriters.wrote(d) else { return try rejectForged(d, SenderTopology.expired(partition), copyWriters) }
-            if let key = d.properties.messageID { recentParks.surfaced(key) }
             if passesOn, let copy = try? ParkedDispatch(jsonData: d.body), !owns(copy.route) {
                 return passOn(d, to: SenderTopology.expired(partitions.partition(of: copy.route)), id: copy.record.id, type: ParkedDispatch.type)
             }
@@ -164,6 +162,8 @@ extension SenderTerm {
     ) async throws {
         guard let copy = try? ParkedDispatch(jsonData: d.body) else { return try d.ack() }
         let id = copy.record.id
+        // Out of its queue (surfaced, or expired and perhaps passed on by partition 0).
+        recentParks.surfaced(copy.parkKey)
         // With several partitions: events published since this copy, by another
         // partition, mean that partition took the dispatch up (a copy whose
         // waiting record was cut off with its leader's connection): dropped.

@@ -17,6 +17,11 @@ public struct ParkedDispatch: Sendable, Codable, Equatable {
 
     /// The route it waits for.
     public var route: RoutingTable.Route { .init(project: project.id, target: target.id) }
+
+    /// Its message id in the park queue: one per park (each follows a new
+    /// `queued` event, so `lastSeq` differs), the same after it expires or
+    /// is passed on to another partition, since the body is.
+    public var parkKey: String { "\(record.id)/parked/\(lastSeq)" }
 }
 
 extension DispatchMachine {

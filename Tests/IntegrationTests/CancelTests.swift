@@ -467,6 +467,24 @@ extension BrokerIntegration.UntrustedInputTests {
             }
             // (The sender's poll may find a park before the slot frees; most trials race.)
             #expect(raced >= 2, "only \(raced) of 4 trials raced")
+            // Once the parked ones have surfaced, the sender counts them no more: with a slot
+            // free, the next dispatch goes straight to the agent (a park counted too long would queue it).
+            let tasks = await agents[3].tasks.all
+            let second = try #require(tasks.dropFirst().first)
+            let body = try #require(try JSONSerialization.jsonObject(with: second.body) as? [String: Any])
+            let id = try #require(body["dispatchId"] as? String)
+            let reply = try JSONSerialization.data(withJSONObject: ["dispatchId": id, "attempt": body["attempt"] as? Int ?? 1, "kind": "final", "text": "done"])
+            try await h.channel.publish(
+                exchange: "", routingKey: "frontdesk.replies", body: reply,
+                properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
+            try await h.waitUntil("\(id) replied") { h.arrival(of: id, "replied") != nil }
+            // (The poll no longer counts them either.)
+            try await h.waitUntil("the poll finds idle-3's park queue empty") {
+                try await h.metrics(sender).split(separator: "\n").contains("frontdesk_sender_parked{target=\"acme/idle-3\"} 0")
+            }
+            try await h.publish("dispatch.request", #"{"id":"fifo-after","input":"the contract","project":"acme","target":"idle-3"}"#)
+            try await h.waitUntil("fifo-after sent or queued") { (h.arrival(of: "fifo-after", "sending") ?? h.arrival(of: "fifo-after", "queued")) != nil }
+            #expect(h.arrival(of: "fifo-after", "queued") == nil, "a dispatch with room and nothing parked ahead was queued")
             for agent in agents { await agent.stop() }
         }
     }
