@@ -39,6 +39,24 @@ extension BrokerIntegration {
             return await collected.all
         }
 
+        /// The confirm-mode channels (as the broker names them) of the
+        /// connections in the harness's vhost whose client name begins with
+        /// `prefix`, its alarm probe's aside.
+        func confirmChannels(_ h: RouterHarness, named prefix: String) throws -> Set<String> {
+            // (3.10 lists the client's name only inside its client properties.)
+            let connections = try TestBroker.script(["ctl", "list_connections", "name", "vhost", "client_properties", "--silent"])
+            let names = connections.split(separator: "\n").filter {
+                $0.contains("\t\(h.vhost)\t") && $0.contains("\"\(prefix)") && !$0.contains("(alarm probe)")
+            }.compactMap { $0.split(separator: "\t").first.map(String.init) }
+            let channels = try TestBroker.script(["ctl", "list_channels", "name", "confirm", "--silent"])
+            return Set(channels.split(separator: "\n").compactMap { row -> String? in
+                let columns = row.split(separator: "\t")
+                guard columns.count == 2, columns[1] == "true" else { return nil }
+                let channel = String(columns[0])
+                return names.contains { channel.hasPrefix("\($0) (") } ? channel : nil
+            })
+        }
+
         @Test func dispatchesAndDeadLettersGoOnWhileAQueueRefusesThem() async throws {
             try await withHarness("hostile-surface") { h in
                 // The sender declares the status log: started first, so the refusing queues come after it.
@@ -46,6 +64,8 @@ extension BrokerIntegration {
                 let router = try await h.startRouter()
                 let sender = try await h.startSender()
                 try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+                let senderChannels = try confirmChannels(h, named: "frontdesk-sender@")
+                try #require(!senderChannels.isEmpty, "the sender's publish channel")
                 let refusingStatus = try await refusingQueue(h, on: "frontdesk.status", routingKey: "status.#")
                 let refusingDead = try await refusingQueue(h, on: "frontdesk.dead", routingKey: "")
 
@@ -89,6 +109,10 @@ extension BrokerIntegration {
                 // One leader term the whole time: a nack would have ended it.
                 let terms = try await h.metrics(sender).split(separator: "\n").first { $0.hasPrefix("frontdesk_sender_terms_total ") }
                 #expect(terms == "frontdesk_sender_terms_total 1")
+                // It went on on a new publish channel (on RabbitMQ 3.10 a channel
+                // that met a dead quorum leader goes on refusing), and closed the old one.
+                let now = try confirmChannels(h, named: "frontdesk-sender@")
+                #expect(!now.isEmpty && now.isDisjoint(with: senderChannels), "before \(senderChannels), after \(now)")
                 #expect(try await h.messages(refusingStatus) == 1)
                 #expect(try await h.messages(refusingDead) == 1)
                 await agent.stop()
