@@ -415,6 +415,18 @@ extension BrokerIntegration.UntrustedInputTests {
         }
     }
 
+    /// Answers `task` with a final reply, as its agent would: its slot frees. Returns its dispatch id.
+    @discardableResult
+    func replyFinal(_ h: RouterHarness, to task: AMQPDelivery) async throws -> String {
+        let body = try #require(try JSONSerialization.jsonObject(with: task.body) as? [String: Any])
+        let id = try #require(body["dispatchId"] as? String)
+        let reply = try JSONSerialization.data(withJSONObject: ["dispatchId": id, "attempt": body["attempt"] as? Int ?? 1, "kind": "final", "text": "done"])
+        try await h.channel.publish(
+            exchange: "", routingKey: "frontdesk.replies", body: reply,
+            properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
+        return id
+    }
+
     /// A dispatch parked because its target had no room keeps its place: a
     /// newer one that comes just as a slot frees does not overtake it, though
     /// the sender's poll of the park queue (every 300 ms) may not have counted
@@ -441,13 +453,7 @@ extension BrokerIntegration.UntrustedInputTests {
                 let parked = "fifo-\(trial)-\(count - 1)"
                 try await h.waitUntil("\(parked) queued", within: .seconds(30)) { h.arrival(of: parked, "queued") != nil }
                 // At once: a slot frees, and a newer dispatch comes.
-                let task = try #require(await agent.tasks.all.first)
-                let body = try #require(try JSONSerialization.jsonObject(with: task.body) as? [String: Any])
-                let id = try #require(body["dispatchId"] as? String)
-                let reply = try JSONSerialization.data(withJSONObject: ["dispatchId": id, "attempt": body["attempt"] as? Int ?? 1, "kind": "final", "text": "done"])
-                try await h.channel.publish(
-                    exchange: "", routingKey: "frontdesk.replies", body: reply,
-                    properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
+                try await replyFinal(h, to: try #require(await agent.tasks.all.first))
                 let late = "fifo-\(trial)-late"
                 let lateAt = ContinuousClock.now
                 try await h.publish("dispatch.request", #"{"id":"\#(late)","input":"the contract","project":"acme","target":"\#(target)"}"#)
@@ -469,14 +475,7 @@ extension BrokerIntegration.UntrustedInputTests {
             #expect(raced >= 2, "only \(raced) of 4 trials raced")
             // Once the parked ones have surfaced, the sender counts them no more: with a slot
             // free, the next dispatch goes straight to the agent (a park counted too long would queue it).
-            let tasks = await agents[3].tasks.all
-            let second = try #require(tasks.dropFirst().first)
-            let body = try #require(try JSONSerialization.jsonObject(with: second.body) as? [String: Any])
-            let id = try #require(body["dispatchId"] as? String)
-            let reply = try JSONSerialization.data(withJSONObject: ["dispatchId": id, "attempt": body["attempt"] as? Int ?? 1, "kind": "final", "text": "done"])
-            try await h.channel.publish(
-                exchange: "", routingKey: "frontdesk.replies", body: reply,
-                properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: id))
+            let id = try await replyFinal(h, to: try #require(await agents[3].tasks.all.dropFirst().first))
             try await h.waitUntil("\(id) replied") { h.arrival(of: id, "replied") != nil }
             // (The poll no longer counts them either.)
             try await h.waitUntil("the poll finds idle-3's park queue empty") {
