@@ -75,8 +75,8 @@ public final class AMQPConnection: Sendable {
     /// queues once the broker notices.
     public func abandonWhenBlocked() { core.abandonWhenBlocked() }
 
-    /// True once `abandonWhenBlocked` dropped it.
-    public var wasAbandoned: Bool { core.wasAbandoned }
+    /// True once `abandonWhenBlocked` dropped it (`AMQPClient` then connects no more).
+    var wasAbandoned: Bool { core.wasAbandoned }
 
     /// Waits until the connection ends: nil after `close()` (a drop, for a
     /// stop under an alarm, included), else why it failed.

@@ -34,6 +34,7 @@ final class ConnectionCore: Sendable {
     let name: String
     private let republished = Atomic<Int>(0)
     private let abandoning = Atomic<Bool>(false)
+    private let abandoned = Atomic<Bool>(false)
 
     /// Set for a stop: an RPC on this connection while the broker blocks
     /// it drops the connection instead of waiting for an answer
@@ -65,11 +66,10 @@ final class ConnectionCore: Sendable {
     /// Dropped for a stop (`abandonWhenBlocked`): the client does not connect again.
     var wasAbandoned: Bool { abandoned.load(ordering: .relaxed) }
     func noteAbandoned() { abandoned.store(true, ordering: .relaxed) }
-    private let abandoned = Atomic<Bool>(false)
 
     private func dropSocket(_ s: inout State) {
         guard s.socket >= 0 else { return }
-        abandoned.store(true, ordering: .relaxed)
+        noteAbandoned()
         _ = Glibc.shutdown(s.socket, Int32(SHUT_RDWR))
     }
 

@@ -115,9 +115,7 @@ final class ConnectionLoop {
             flushOutput()
             // For a stop, a blocked connection's close-ok would come only
             // once the alarm clears (the broker reads nothing from it): drop it instead.
-            if core.abandonsWhenBlocked && core.blockedReason != nil {
-                core.noteAbandoned()
-            } else {
+            if !droppedWhileBlocked() {
                 _ = amqp_connection_close(conn, Int32(AMQP_REPLY_SUCCESS))
             }
             failure = AMQPError(.connectionClosed, "the connection \(core.name) was closed")
