@@ -71,6 +71,11 @@ public struct RouteResolver: Sendable {
     let targetsByID: [String: [Int]]
     /// For each first word, the targets with an entry starting with it.
     let byFirstWord: [String: [Int]]
+    /// Projects by the first word of their name or an alias, in table order.
+    let projectsByFirstWord: [String: [Int]]
+    /// The most words a target's or project's name (or alias) has: all a
+    /// mention needs to read after its "@".
+    let mentionWords: Int
     /// Every target's entries by first word: scoring checks only entries
     /// whose first word is in the input.
     let phrases: PhraseIndex
@@ -101,6 +106,14 @@ public struct RouteResolver: Sendable {
             (p.id, ([p.name] + p.aliases).map { NormalizedText.words(of: $0) }.filter { !$0.isEmpty })
         }
         projectsByID = Dictionary(table.projects.enumerated().map { ($1.id, $0) }, uniquingKeysWith: { first, _ in first })
+        var projectsByFirstWord: [String: [Int]] = [:]
+        for (index, p) in projectNames.enumerated() {
+            for first in Set(p.names.compactMap(\.first)) { projectsByFirstWord[first, default: []].append(index) }
+        }
+        self.projectsByFirstWord = projectsByFirstWord
+        mentionWords = max(
+            targets.map(\.nameWords.count).max() ?? 0,
+            projectNames.flatMap { $0.names.map(\.count) }.max() ?? 0, 1)
         var byID: [String: [Int]] = [:]
         for (i, t) in targets.enumerated() { byID[t.route.target, default: []].append(i) }
         targetsByID = byID
@@ -199,13 +212,21 @@ public struct RouteResolver: Sendable {
         if let first = targetsByID[id]?.first {
             return exact(targets[first].route, reason: "mention: @\(id)", .mention)
         }
-        let words = NormalizedText.words(of: String(text))
+        // Only the words a name can have: an input of many "@" must not
+        // fold the rest of itself for each one.
+        let words = NormalizedText.words(of: text, limit: mentionWords)
         if let firstWord = words.first {
             for i in byFirstWord[firstWord] ?? [] where !targets[i].nameWords.isEmpty && words.starts(with: targets[i].nameWords) {
                 return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
             }
         }
-        for (index, p) in projectNames.enumerated() where p.id == id || p.names.contains(where: { words.starts(with: $0) }) {
+        // The first project in table order whose id is the token or whose
+        // name or alias begins the text: candidates come from two indexes.
+        var candidates = words.first.flatMap { projectsByFirstWord[$0] } ?? []
+        if let byID = projectsByID[id] { candidates.append(byID) }
+        for index in candidates.sorted() {
+            let p = projectNames[index]
+            guard p.id == id || p.names.contains(where: { words.starts(with: $0) }) else { continue }
             let route = bestTarget(of: table.projects[index], input: input)
             return exact(route, reason: "mention: @\(p.id)", .mention)
         }

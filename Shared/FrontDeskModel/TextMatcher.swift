@@ -11,8 +11,9 @@ struct NormalizedText: Sendable {
     /// "Zoë's AGM-agenda" → ["zoe", "s", "agm", "agenda"]: lower case,
     /// without diacritics, compatibility forms folded ("ｆｕｌｌ" → "full"),
     /// split on anything that is not a letter or a digit. ASCII takes a fast
-    /// path; other scalars are folded one by one.
-    static func words(of text: String) -> [String] {
+    /// path; other scalars are folded one by one. With `limit`, only the
+    /// first `limit` words are read: the rest of the text is not touched.
+    static func words<S: StringProtocol>(of text: S, limit: Int = .max) -> [String] {
         var words: [String] = []
         // The current word as UTF-8: appending bytes is far cheaper than
         // appending scalars to a string, and short words stay small strings.
@@ -25,6 +26,7 @@ struct NormalizedText: Sendable {
             }
         }
         for scalar in text.unicodeScalars {
+            if words.count >= limit { return words }
             if scalar.isASCII {
                 switch scalar.value {
                 case 0x61...0x7A, 0x30...0x39: current.append(UInt8(scalar.value))

@@ -132,6 +132,32 @@ struct RouteResolverTests {
         #expect((try? r.resolve(input: "about kw299x9 please").get())?.route.description == "p299/t9")
         #expect(r.resolve(input: "none") == .failure(.noRoute))
     }
+
+    /// A mention reads only the few words after its "@", not the rest of the
+    /// input: 1,333 "@" each followed by the whole remaining input made the
+    /// router's thread fold millions of characters for one request.
+    @Test func manyMentionsCostLittle() throws {
+        var projects: [String] = []
+        for p in 0..<300 {
+            let targets = (0..<10).map { #"{"id":"t\#($0)","name":"Team \#(p) \#($0)","keywords":["kw\#(p)x\#($0)"]}"# }.joined(separator: ",")
+            projects.append(#"{"id":"p\#(p)","name":"Project \#(p)","aliases":["pa\#(p)"],"targets":[\#(targets)]}"#)
+        }
+        let table = try RoutingTable(json: Data(#"{"projects":[\#(projects.joined(separator: ","))]}"#.utf8))
+        let r = RouteResolver(table: table)
+        for unit in ["@é ", "@\u{FDFA} ", "@x "] {
+            let hostile = String(repeating: unit, count: 1333)
+            let started = ContinuousClock.now
+            _ = r.resolve(input: hostile)
+            let took = ContinuousClock.now - started
+            #expect(took < .milliseconds(150), "\(unit.unicodeScalars.map { String($0.value, radix: 16) }): \(took)")
+            // The mention at the end still counts, by name and by project alias.
+            #expect((try? r.resolve(input: hostile + "@team 12 3").get())?.route.description == "p12/t3")
+            #expect((try? r.resolve(input: hostile + "@pa7 kw7x4").get())?.route.description == "p7/t4")
+        }
+        // Names of several words are still matched whole after the change.
+        #expect((try? r.resolve(input: "ask @Project 42 about kw42x5").get())?.route.description == "p42/t5")
+        #expect((try? r.resolve(input: "ask @Team 42 5 now").get())?.route.description == "p42/t5")
+    }
 }
 
 @Suite("Text normalisation")
