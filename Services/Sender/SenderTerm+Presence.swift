@@ -50,6 +50,21 @@ extension SenderTerm {
         return snapshot
     }
 
+    /// A consumer of `route`'s park queue, on the channel its earlier ones
+    /// used: one channel a target for as long as the term lasts. (A channel
+    /// each time the target came online was never closed: an agent that
+    /// came and went 2,047 times used up the connection's channels, and the
+    /// term ended for every target.) A channel the broker closed is replaced.
+    func consumeParked(_ route: RoutingTable.Route) async throws -> AMQPConsumer {
+        if let channel = parkChannels[route], let consumer = try? await channel.consume(queue: SenderTopology.parkQueue(route)) {
+            return consumer
+        }
+        let channel = try await connection.openChannel()
+        try await channel.qos(prefetchCount: 200)
+        parkChannels[route] = channel
+        return try await channel.consume(queue: SenderTopology.parkQueue(route))
+    }
+
     func presenceChanged(_ snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], now: Date) async throws {
         let before = presence
         presence = snapshot
@@ -59,13 +74,11 @@ extension SenderTerm {
             metrics.parked.set(Double(now_.parked), route.description)
             metrics.agents.set(Double(now_.consumers), route.description)
             if isOnline, now_.parked > 0, parkConsumers[route] == nil {
-                let channel = try await connection.openChannel()
-                try await channel.qos(prefetchCount: 200)
-                let consumer = try await channel.consume(queue: SenderTopology.parkQueue(route))
+                let consumer = try await consumeParked(route)
                 parkConsumers[route] = consumer
-                forwarders.append(Task(executorPreference: connection.executor) { [feed] in
+                parkForwarders[route] = Task(executorPreference: connection.executor) { [feed] in
                     do { for try await d in consumer { feed.yield(.parked(d, route)) } } catch {}
-                })
+                }
             }
             if wasOnline, !isOnline {
                 if let consumer = parkConsumers.removeValue(forKey: route) {

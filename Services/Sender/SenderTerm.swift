@@ -141,6 +141,10 @@ final class SenderTerm {
     /// Parks whose copies have not surfaced yet: the presence poll may not count them.
     var recentParks = RecentParks<RoutingTable.Route>()
     var parkConsumers: [RoutingTable.Route: AMQPConsumer] = [:]
+    /// Each target's park consumer channel, kept across its consumers.
+    var parkChannels: [RoutingTable.Route: AMQPChannel] = [:]
+    /// The task passing on each target's latest park consumer's deliveries.
+    var parkForwarders: [RoutingTable.Route: Task<Void, Never>] = [:]
     var forwarders: [Task<Void, Never>] = []
 
     /// What the status events published so far say (earlier leaders
@@ -229,6 +233,7 @@ final class SenderTerm {
             if let pending = replyMarker { statusLog.giveUp(marker: pending.marker) }
             statusLog.dropTentatives(term: term)
             for f in forwarders { f.cancel() }
+            for f in parkForwarders.values { f.cancel() }
             // A term that ended leads nothing: its per-target figures go to 0.
             for route in routes {
                 metrics.agents.set(0, route.description)

@@ -188,6 +188,48 @@ extension BrokerIntegration.SenderTests {
         }
     }
 
+    /// An agent that comes and goes while a dispatch waits for it: each time
+    /// it comes, the parked dispatch goes to it; each time it goes, back to
+    /// `queued`. The sender's park consumer reuses one channel for the
+    /// target, so its connection's channels do not grow with the flips
+    /// (they grew by one a flip, and 2,047 flips ended the term).
+    @Test func anAgentThatComesAndGoesCostsTheSenderNoChannels() async throws {
+        try await withHarness("sender-flapping") { h in
+            try await h.startRouter()
+            try await h.startSender()
+            try await h.publish("dispatch.request", #"{"id":"fl-1","input":"the agm agenda"}"#)
+            func count(_ events: [[String: Any]], _ state: String) -> Int {
+                events.filter { $0["dispatchId"] as? String == "fl-1" && $0["state"] as? String == state }.count
+            }
+            _ = try await h.events("fl-1 queued") { count($0, "queued") >= 1 }
+            func senderChannels() throws -> Int {
+                let rows = try TestBroker.script(["ctl", "list_connections", "vhost", "client_properties", "channels", "--silent"])
+                return rows.split(separator: "\n").filter {
+                    $0.hasPrefix("\(h.vhost)\t") && $0.contains("\"frontdesk-sender@") && !$0.contains("(alarm probe)")
+                }.compactMap { $0.split(separator: "\t").last.flatMap { Int($0) } }.reduce(0, +)
+            }
+            var before: Int?
+            let flips = 4  // each lost agent costs an attempt: the fifth (the last) must reach one that stays
+            for flip in 1...flips {
+                let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep", behaviour: .silent)
+                // (Each wait sees the events that came since the one before.)
+                _ = try await h.events("fl-1 sent to the agent, time \(flip)") { count($0, "sending") >= 1 }
+                // Counted once the park consumer exists (its first channel is not a leak).
+                if before == nil { before = try senderChannels() }
+                await agent.stop()
+                _ = try await h.events("fl-1 queued again, time \(flip)") { count($0, "queued") >= 1 }
+            }
+            let after = try senderChannels()
+            #expect(try #require(before) > 0)
+            #expect(after <= before! , "the sender's channels went from \(before!) to \(after) over \(flips) flips")
+            // And the dispatch still reaches an agent that stays.
+            let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+            let events = try await h.events(untilEnded: "fl-1")
+            #expect(history(events, "fl-1").last == "replied")
+            await agent.stop()
+        }
+    }
+
     @Test func rerouteMovesAParkedDispatchAndNeverDeliversToTheOldTarget() async throws {
         try await withHarness("sender-reroute") { h in
             try await h.startRouter()
