@@ -291,7 +291,13 @@ final class GatewayService: Service {
                 throw GatewayError(429, "too_many_streams", "at most \(settings.maxStreamsPerUser) open event streams per user")
             }
             let after = ServerSentEvents.lastSeq(request.headers["last-event-id"])
-            guard let stream = responder.stream(status: 200, contentType: "text/event-stream; charset=utf-8") else { return 499 }
+            // Resumed after the terminal event: 204, which tells an
+            // EventSource to stop (an empty 200 had it reconnect every second for ever).
+            if after > 0, state.hasEnded(id, before: after) {
+                responder.answer(status: 204, contentType: "text/event-stream", body: Data())
+                return 204
+            }
+            guard let stream = responder.stream(status: 200, contentType: "text/event-stream") else { return 499 }
             state.subscribe(id, user: user, after: after, stream: stream)
             return 200
         case .cancel(let id):

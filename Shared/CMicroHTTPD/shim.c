@@ -126,7 +126,14 @@ static void *sweep(void *arg) {
 // a request or stream is answered or written from any thread, while the
 // server's thread reads it, suspends and resumes its connection.
 
-enum { REQUEST_READING, REQUEST_WAITING, REQUEST_ANSWERED, REQUEST_QUEUED };
+/// REQUEST_OVERSIZED: a body without a Content-Length grew past the limit.
+/// libmicrohttpd takes a response only before the body or after all of it,
+/// so the rest is read and dropped (up to `oversized_cap`), then 413.
+enum { REQUEST_READING, REQUEST_OVERSIZED, REQUEST_WAITING, REQUEST_ANSWERED, REQUEST_QUEUED };
+
+/// The most of an oversized body read past the limit before the connection
+/// is dropped without an answer: a client that never ends its body gets no 413.
+static size_t oversized_cap(const fd_http_server *server) { return server->max_body + 1024 * 1024; }
 
 struct fd_request {
     fd_http_server *server;
@@ -262,10 +269,18 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
     if (*upload_data_size != 0) {
         size_t size = *upload_data_size;
         *upload_data_size = 0;
+        if (request->state == REQUEST_OVERSIZED) {
+            request->length += size;
+            return request->length > oversized_cap(server) ? MHD_NO : MHD_YES;
+        }
         if (request->state != REQUEST_READING) return MHD_YES;  // answered already: the rest is dropped
         if (request->length + size > server->max_body) {
-            request->state = REQUEST_QUEUED;
-            return queue_too_large(connection);
+            request->state = REQUEST_OVERSIZED;
+            request->length += size;
+            free(request->body);
+            request->body = NULL;
+            request->capacity = 0;
+            return MHD_YES;
         }
         if (request->length + size > request->capacity) {
             size_t capacity = request->capacity ? request->capacity : 1024;
@@ -278,6 +293,10 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         memcpy(request->body + request->length, upload_data, size);
         request->length += size;
         return MHD_YES;
+    }
+    if (request->state == REQUEST_OVERSIZED) {  // the whole body is in: now the 413 can go
+        request->state = REQUEST_QUEUED;
+        return queue_too_large(connection);
     }
     pthread_mutex_lock(&server->lock);
     if (server->stopping) {

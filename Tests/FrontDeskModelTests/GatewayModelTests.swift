@@ -161,7 +161,9 @@ struct ServerSentEventsTests {
     @Test func lastEventIDIsASeq() {
         #expect(ServerSentEvents.lastSeq("7") == 7)
         #expect(ServerSentEvents.lastSeq(" 12 ") == 12)
-        for bad in [nil, "", "-3", "abc", "99999999999999999999999"] { #expect(ServerSentEvents.lastSeq(bad) == 0) }
+        for bad in [nil, "", "-3", "+3", "abc", "1 2", "٣"] { #expect(ServerSentEvents.lastSeq(bad) == 0) }
+        // A seq past Int.max is after every event: nothing is replayed, nothing traps.
+        #expect(ServerSentEvents.lastSeq("99999999999999999999999") == Int.max)
     }
 }
 

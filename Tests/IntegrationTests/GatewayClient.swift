@@ -49,6 +49,51 @@ struct TestGateway {
     }
 }
 
+extension TestGateway {
+    /// Sends `head` and then `body` in chunks of `chunk` bytes (chunked
+    /// transfer coding) on a socket of its own; the whole answer as text,
+    /// empty when the gateway closed the connection without one.
+    func chunkedCall(_ head: String, body: Data, chunk: Int = 16384) throws -> String {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { Glibc.close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else { throw AMQPError(.connectionFailed, "cannot connect to the gateway") }
+        var out = Data((head + "Transfer-Encoding: chunked\r\n\r\n").utf8)
+        var offset = 0
+        while offset < body.count {
+            let piece = body[offset..<min(body.count, offset + chunk)]
+            out.append(Data((String(piece.count, radix: 16) + "\r\n").utf8))
+            out.append(piece)
+            out.append(Data("\r\n".utf8))
+            offset += piece.count
+        }
+        out.append(Data("0\r\n\r\n".utf8))
+        // Written whole, or until the gateway stops reading (it may drop the connection).
+        var written = 0
+        while written < out.count {
+            let n = out.withUnsafeBytes { send(fd, $0.baseAddress! + written, out.count - written, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 { break }
+            written += n
+        }
+        var answer = Data()
+        var buffer = [UInt8](repeating: 0, count: 16384)
+        while true {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            if n <= 0 { break }
+            answer.append(contentsOf: buffer[0..<n])
+        }
+        return String(decoding: answer, as: UTF8.self)
+    }
+}
+
 extension RouterHarness {
     func startGateway(extraEnvironment: [String: String] = [:]) async throws -> TestGateway {
         let port = 20000 + Int.random(in: 0..<12000)

@@ -53,6 +53,15 @@ import Testing
                 port: gw.port, path: "/v1/dispatches/\(id)/events", token: TestGateway.tokens["alice"], lastEventID: "\(seqs.count - 1)")
             try await waitUntil("the resumed stream to end", within: .seconds(5)) { resumed.isClosed }
             #expect(resumed.events.compactMap(\.id) == ["\(seqs.count)"])
+            // The type is text/event-stream, exactly.
+            #expect(resumed.text.lowercased().contains("\r\ncontent-type: text/event-stream\r\n"), "\(resumed.text.prefix(300))")
+            // Resuming after the terminal event (an EventSource's reconnect
+            // once the stream ended): 204, which stops it, and no events.
+            for past in ["\(seqs.count)", "\(seqs.count + 5)", "99999999999999999999999"] {
+                let done = try SSEClient(port: gw.port, path: "/v1/dispatches/\(id)/events", token: TestGateway.tokens["alice"], lastEventID: past)
+                try await waitUntil("the answer to a resume after the end", within: .seconds(5)) { done.isClosed }
+                #expect(done.status == 204 && done.events.isEmpty, "\(past): \(done.text.prefix(300))")
+            }
 
             // The same id again answers the same dispatch, and changes nothing.
             let again = try await gw.call("POST", "/v1/dispatches", body: #"{"id":"\#(id)","input":"something else"}"#)
@@ -237,6 +246,14 @@ import Testing
             let big = #"{"input":""# + String(repeating: "a", count: 70_000) + #""}"#
             let tooLarge = try await gw.call("POST", "/v1/dispatches", body: big)
             #expect(tooLarge.status == 413 && code(tooLarge) == "too_large")
+            // Without a Content-Length (chunked), found too large while it
+            // arrives: the same 413 once it has all come, not a dropped connection.
+            let head = "POST /v1/dispatches HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(TestGateway.tokens["alice"]!)\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            let chunked = try gw.chunkedCall(head, body: Data(big.utf8))
+            #expect(chunked.hasPrefix("HTTP/1.1 413") && chunked.contains("\"too_large\""), "\(chunked.prefix(300))")
+            // A small chunked body is read as any other.
+            let small = try gw.chunkedCall(head, body: Data(#"{"id":"chunked-1","input":"the contract","project":"acme","target":"legal"}"#.utf8), chunk: 7)
+            #expect(small.hasPrefix("HTTP/1.1 202"), "\(small.prefix(300))")
             let notJSON = try await gw.call("POST", "/v1/dispatches", body: "{nope")
             #expect(notJSON.status == 400 && code(notJSON) == "invalid_json")
             let noInput = try await gw.call("POST", "/v1/dispatches", body: #"{"id":"x-1"}"#)

@@ -281,9 +281,13 @@ public enum ServerSentEvents {
     /// How long a browser waits before reconnecting.
     public static let retry = Data("retry: 1000\n\n".utf8)
 
-    /// `Last-Event-ID`: the seq after which to resume; 0 when absent or not a seq.
+    /// `Last-Event-ID`: the seq after which to resume; 0 when absent or not a
+    /// seq. A seq past `Int.max` is after every event (not 0: that would
+    /// replay the whole history to a client that has seen it).
     public static func lastSeq(_ header: String?) -> Int {
-        guard let header, let seq = Int(header.trimmingCharacters(in: .whitespaces)), seq > 0 else { return 0 }
-        return seq
+        guard let trimmed = header?.trimmingCharacters(in: .whitespaces), !trimmed.isEmpty,
+            trimmed.utf8.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) })
+        else { return 0 }
+        return Int(trimmed) ?? Int.max
     }
 }
