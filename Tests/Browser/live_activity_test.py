@@ -10,7 +10,11 @@ the local broker:
      its best guess, Edit › changes the route, and on reconnect it goes out
      with its id and is delivered to the chosen target; a dispatch queued for
      an offline target is rerouted from Edit › (targets with presence);
-  4. a reload mid-stream: the card resumes from its last seq and ends replied.
+  4. a reload mid-stream: the card resumes from its last seq and ends replied;
+  5. Cancel of a request waiting offline: it never leaves the page, while
+     another queued with it goes out on reconnect;
+  6. the gateway away while the browser is online: the request waits in the
+     page and goes out by itself when the gateway is back (no reload).
 
 Exit 0 when all pass; 1 with the failed step otherwise. Screenshots of the
 states go to --screenshots (docs/screenshots to refresh the docs).
@@ -163,6 +167,52 @@ def offline_then_edit(c, base, gateway, shots):
     return "offline request sent on reconnect to the edited route; a queued one rerouted"
 
 
+def outbox_length(c):
+    return c.js("return JSON.parse(localStorage.getItem('fd.outbox') || '[]').length")
+
+
+def offline_cancel(c, base, gateway, shots):
+    c.get(base + "/")
+    c.wait("targets cached", lambda: c.js("return localStorage.getItem('fd.targets') !== null"))
+    c.offline(True)
+    c.wait("the page to see it is offline", lambda: c.js("return document.getElementById('network').dataset.online === 'false'"))
+    ids = []
+    for text in ["Draft the grant report for Marcus", "Reply to Lisa about the AGM minutes"]:
+        c.type("#request-input", text)
+        c.click("#dispatch")
+        ids.append(c.wait(f"the queued card for {text!r}", lambda: c.js(
+            f"const a = [...document.querySelectorAll('.activity.local')].find(x => !{json.dumps(ids)}.includes(x.dataset.id)); return a && a.dataset.id")))
+    dropped, kept = ids
+    c.click(card_of(c, dropped) + " .cancel")
+    c.wait("the cancelled card", lambda: card_state(c, card_of(c, dropped)) == "cancelled", timeout=5)
+    assert outbox_length(c) == 1, outbox_length(c)
+    c.offline(False)
+    # The outbox goes out in order: once the kept one has replied, the flush is past the cancelled one.
+    c.wait("the kept one replied", lambda: card_state(c, card_of(c, kept)) == "replied", timeout=30)
+    assert gateway.get(f"/v1/dispatches/{dropped}")[0] == 404, "a request cancelled offline was sent"
+    assert card_state(c, card_of(c, dropped)) == "cancelled"
+    assert outbox_length(c) == 0, outbox_length(c)
+    return "a request cancelled while it waited offline never left the page; the other went out"
+
+
+def gateway_away(c, base, gateway, shots, service):
+    c.get(base + "/")
+    c.wait("the page to be online", lambda: c.js("return document.getElementById('network').dataset.online === 'true'"))
+    service.stop()
+    # The browser is online, but its gateway is gone: the request waits in the page.
+    c.type("#request-input", "Reply to Lisa about the AGM agenda")
+    c.click("#dispatch")
+    dispatch_id = c.wait("the queued card", lambda: c.js("const a = document.querySelector('.activity.local'); return a && a.dataset.id"))
+    assert outbox_length(c) == 1, outbox_length(c)
+    service.start()
+    # No "online" event comes (the browser never went offline): the page tries again by itself.
+    c.wait("replied once the gateway is back", lambda: card_state(c, card_of(c, dispatch_id)) == "replied", timeout=40)
+    status, latest = gateway.get(f"/v1/dispatches/{dispatch_id}")
+    assert status == 200 and latest["state"] == "replied", (status, latest.get("state"))
+    assert outbox_length(c) == 0, outbox_length(c)
+    return "a request typed while the gateway was away went out when it came back, with no reload"
+
+
 def reload_mid_stream(c, base, gateway, shots):
     c.get(base + "/")
     c.type("#request-input", SEED)
@@ -229,6 +279,8 @@ def main():
             ("cancel of a slow one", lambda: cancel_slow(chrome, base, gateway, shots)),
             ("the offline path with Edit", lambda: offline_then_edit(chrome, base, gateway, shots)),
             ("a reload mid-stream", lambda: reload_mid_stream(chrome, base, gateway, shots)),
+            ("cancel of a request waiting offline", lambda: offline_cancel(chrome, base, gateway, shots)),
+            ("the gateway away and back", lambda: gateway_away(chrome, base, gateway, shots, services[2])),
         ]
         for name, step in steps:
             start = time.time()

@@ -185,6 +185,10 @@ function tick(id) {
   }
 }
 setInterval(() => { for (const id of cards.keys()) tick(id); }, 250);
+// The browser may say "online" while the gateway cannot be reached (or
+// answers 503): what waits in the outbox is tried again every few seconds,
+// not only on the browser's "online" event.
+setInterval(() => { if (token && outbox().length) flushOutbox(); }, 3000);
 
 function show(id, event) {
   const card = cardFor(id);
@@ -217,6 +221,7 @@ async function follow(id) {
           if (response.status === 404) forgetOpen(id);
           return;
         }
+        if (response.status === 204) { forgetOpen(id); return; } // it ended, and we have all of it
         if (!response.ok || !response.body) throw new Error(`status ${response.status}`);
         failures = 0;
         await readEvents(response.body, (e) => show(id, e));
@@ -252,9 +257,25 @@ async function readEvents(body, onEvent) {
 
 // MARK: Actions
 
+// Requests cancelled while they waited in the page: one a flush was sending
+// at that moment is cancelled at the gateway once it is in.
+const cancelledLocally = new Set();
+
 async function cancel(id) {
   const card = cards.get(id);
   if (!card) return;
+  if (card.local && outbox().some((r) => r.id === id)) {
+    // Never sent (or being sent right now): it leaves the outbox, and the card says so.
+    const local = card.local;
+    cancelledLocally.add(id);
+    setOutbox(outbox().filter((r) => r.id !== id));
+    card.local = null;
+    card.event = { dispatchId: id, seq: 0, state: "cancelled", input: local.input, project: local.project, target: local.target,
+      cancel: { reason: "user" }, elapsedMs: Date.now() - local.createdAt };
+    forgetOpen(id);
+    render(id);
+    return;
+  }
   card.el.classList.add("cancelling");
   setTimeout(() => card.el.classList.remove("cancelling"), 600);
   try {
@@ -380,6 +401,7 @@ async function submitRequest(input) {
   if (!navigator.onLine) return queueLocally(entry);
   try {
     const r = await api("POST", "/v1/dispatches", { id, input, createdAt: entry.createdAtText });
+    if (r.status >= 500) return queueLocally(entry); // starting, or the broker pushes back: it waits here and goes out by itself
     if (r.status !== 202) {
       $("request-error").textContent = r.json?.error?.message ?? `the gateway answered ${r.status}`;
       $("request-error").hidden = false;
@@ -406,13 +428,16 @@ async function flushOutbox() {
   flushing = true;
   try {
     for (const entry of outbox()) {
+      if (!outbox().some((x) => x.id === entry.id)) continue; // cancelled meanwhile
       const body = { id: entry.id, input: entry.input, createdAt: entry.createdAtText };
       if (entry.hinted && entry.project && entry.target) { body.project = entry.project.id; body.target = entry.target.id; }
       let r;
       try { r = await api("POST", "/v1/dispatches", body); } catch { return; }
       if (r.status === 202 || (r.status >= 400 && r.status < 500 && r.status !== 401)) {
         setOutbox(outbox().filter((x) => x.id !== entry.id));
-        if (r.status === 202) { rememberOpen(entry.id, 0); follow(entry.id); }
+        if (r.status === 202 && cancelledLocally.has(entry.id)) {
+          try { await api("POST", `/v1/dispatches/${encodeURIComponent(entry.id)}/cancel`, { reason: "user" }); } catch { /* it shows cancelled; the gateway may not */ }
+        } else if (r.status === 202) { rememberOpen(entry.id, 0); follow(entry.id); }
       }
     }
   } finally {
