@@ -40,7 +40,15 @@ struct RouterService: Service {
             let stop = await client.consume(
                 ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 2 * Self.batchLimit),
                 deliver: { batches.yield($0) }, ended: { batches.finish() })
-            await intake.stop.set(stop)
+            // Requests that expired in the intake (a producer's `expiration`)
+            // come back here and are handled as if they had never expired.
+            let stopExpired = await client.consume(
+                ConsumerSpecification(queue: RouterTopology.expiredQueue, prefetchCount: Self.batchLimit),
+                deliver: { batches.yield($0.withRoutingKey($0.deadLetteredRoutingKey ?? "")) }, ended: {})
+            await intake.stop.set {
+                await stopExpired()
+                await stop()
+            }
             // A pipeline: batch k+1 is decided (decision log) and its window
             // published while batch k still waits for its confirms. Settling
             // stays in batch order, so a batch can be acked with one

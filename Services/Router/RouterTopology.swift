@@ -7,14 +7,35 @@ enum RouterTopology {
     /// Every message on `frontdesk.commands` (bound with `#`, so an unknown
     /// routing key is dead-lettered, not dropped). Quorum.
     static let intakeQueue = "frontdesk.router.intake"
+    /// Where the intake's messages go when they expire: a producer may set
+    /// `expiration` (untrusted, like every property), and a quorum queue
+    /// drops an expired message, so a request sent while the router was down
+    /// or behind was lost without a trace. The router reads this queue like
+    /// the intake, by the routing key the message was published with
+    /// (`x-death`); the broker has taken the expiration off.
+    static let expiredQueue = "frontdesk.router.intake.expired"
+    static let intakeArguments: FieldTable = [
+        "x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(expiredQueue),
+    ]
     /// The decision log: one record per request id, in one total order. The
     /// first record of an id wins on every replica. A stream, replayed on start.
     static let decisionLog = "frontdesk.router.decisions"
     static func declare(
-        on channel: AMQPChannel, partitions: SenderPartitions, statusLogWayRefused: (AMQPError) -> Void = { _ in }
+        on channel: AMQPChannel, partitions: SenderPartitions, statusLogWayRefused: (AMQPError) -> Void = { _ in },
+        intakeWithoutExpiredWay: (AMQPError) -> Void = { _ in }
     ) async throws {
+        var channel = channel
         try await SharedTopology.declare(on: channel)
-        try await channel.queueDeclare(intakeQueue, arguments: ["x-queue-type": "quorum"])
+        try await channel.queueDeclare(expiredQueue, arguments: ["x-queue-type": "quorum"])
+        do {
+            try await channel.queueDeclare(intakeQueue, arguments: intakeArguments)
+        } catch let error as AMQPError where error.replyCode == 406 {
+            // Declared by an older build (or definitions) without the way for
+            // expired messages: used as it is, and said.
+            channel = try await channel.reopened()
+            try await channel.queueDeclare(intakeQueue, passive: true)
+            intakeWithoutExpiredWay(error)
+        }
         try await channel.queueBind(intakeQueue, exchange: SharedTopology.commandsExchange, routingKey: "#")
         // A day of decisions: longer than the default 4-hour lifetime; older
         // records are skipped on replay by their time.

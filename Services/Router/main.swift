@@ -13,9 +13,14 @@ let configuration = ServiceBootstrap.configurationOrExit(
 let table = ServiceBootstrap.routingTableOrExit(configuration)
 let topologyLogger = Logger(service: configuration.service, level: configuration.logLevel)
 let bootstrap = ServiceBootstrap(configuration: configuration) { channel in
-    try await RouterTopology.declare(on: channel, partitions: configuration.senderPartitions) { error in
-        SharedTopology.warnStatusLogWayRefused(topologyLogger, error)
-    }
+    try await RouterTopology.declare(
+        on: channel, partitions: configuration.senderPartitions,
+        statusLogWayRefused: { error in SharedTopology.warnStatusLogWayRefused(topologyLogger, error) },
+        intakeWithoutExpiredWay: { error in
+            topologyLogger.warning(
+                "\(RouterTopology.intakeQueue) was declared without its way for expired messages: a request a producer set to expire is lost if it waits that long; delete the queue while it is empty to have it declared anew",
+                [("error", .string("\(error)"))])
+        })
 }
 let service = RouterService(
     client: bootstrap.client,

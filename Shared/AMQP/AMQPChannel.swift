@@ -19,6 +19,16 @@ public struct AMQPChannel: Sendable {
         return try await core.perform { loop in try body(loop, try loop.channel(id, epoch: epoch)) }
     }
 
+    /// A new channel on the same connection: for going on after the broker
+    /// closed this one (a 404 or 406 of a declare).
+    public func reopened() async throws -> AMQPChannel {
+        let (id, epoch) = try await core.perform { loop in
+            let ch = try loop.openChannel()
+            return (ch.id, ch.epoch)
+        }
+        return AMQPChannel(core: core, id: id, epoch: epoch)
+    }
+
     // MARK: Exchanges
 
     public func exchangeDeclare(

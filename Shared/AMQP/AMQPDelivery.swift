@@ -38,6 +38,23 @@ public struct AMQPDelivery: Sendable {
     public let frameMax: Int
     let acknowledger: DeliveryAcknowledger
 
+    /// The same delivery (settled on the same channel) under another routing key.
+    public func withRoutingKey(_ key: String) -> AMQPDelivery {
+        AMQPDelivery(
+            body: body, properties: properties, exchange: exchange, routingKey: key, redelivered: redelivered,
+            deliveryTag: deliveryTag, consumerTag: consumerTag, frameMax: frameMax, acknowledger: acknowledger)
+    }
+
+    /// The routing key a message had before a queue dead-lettered it: the
+    /// first of `x-death`'s first entry's `routing-keys` (the broker's own
+    /// header; from anyone else it may be missing or odd: nil then).
+    public var deadLetteredRoutingKey: String? {
+        guard case .array(let deaths)? = properties.headers?["x-death"], let first = deaths.first?.tableValue,
+            case .array(let keys)? = first["routing-keys"], let key = keys.first?.stringValue
+        else { return nil }
+        return key
+    }
+
     /// Queues basic.ack; throws only when the connection has ended.
     public func ack(multiple: Bool = false) throws {
         try acknowledger.send(deliveryTag, .ack(multiple: multiple))

@@ -93,6 +93,59 @@ extension BrokerIntegration {
             }
         }
 
+        /// A producer's `expiration` loses nothing: requests and a cancel
+        /// that expire in the intake while the router is down are handled
+        /// when it is back, by the routing key they were sent with. One
+        /// put straight on the expired queue without a dead letter's
+        /// `x-death` is itself dead-lettered, not dropped.
+        @Test func messagesThatExpireWhileTheRouterIsDownAreHandledWhenItIsBack() async throws {
+            try await withHarness("expiring") { h in
+                let router = try await h.startRouter()
+                try await waitUntil("the topology", within: .seconds(10)) {
+                    (try? await h.connection.withChannel { try await $0.queueDeclare("frontdesk.router.intake.expired", passive: true) }) != nil
+                }
+                kill(router.processIdentifier, SIGTERM)
+                router.waitUntilExit()
+                func expiring(_ ms: String) -> AMQPProperties {
+                    AMQPProperties(contentType: "application/json", deliveryMode: 2, expiration: ms)
+                }
+                try await h.publish("dispatch.request", #"{"id":"ex-0","input":"the agm agenda"}"#, properties: expiring("0"))
+                try await h.publish("dispatch.request", #"{"id":"ex-1","input":"the agm minutes"}"#, properties: expiring("30"))
+                try await h.publish("dispatch.cancel", #"{"id":"ex-1","reason":"changed my mind"}"#, properties: expiring("60"))
+                try await h.publish("dispatch.request", #"{"id":"ex-2","input":"the contract"}"#)
+                try await h.connection.withChannel { c in
+                    try await c.publish(exchange: "", routingKey: "frontdesk.router.intake.expired", body: Data(#"{"id":"ex-3","input":"x"}"#.utf8),
+                        properties: AMQPProperties(contentType: "application/json", deliveryMode: 2))
+                }
+                try await waitUntil("the three to expire", within: .seconds(10)) {
+                    let n = try? await h.connection.withChannel { try await $0.queueDeclare("frontdesk.router.intake.expired", passive: true).messageCount }
+                    return (n ?? 0) >= 4
+                }
+                try await h.startRouter()
+                try await h.startSender()
+                let events = try await h.events("ex-0 and ex-2 routed, ex-1 cancelled") { events in
+                    ["ex-0", "ex-2"].allSatisfy { id in events.contains { $0["dispatchId"] as? String == id && $0["state"] as? String == "routing" } }
+                        && events.contains { $0["dispatchId"] as? String == "ex-1" && $0["state"] as? String == "cancelled" }
+                }
+                #expect(events.first { $0["dispatchId"] as? String == "ex-0" }?["state"] as? String == "drafted")
+                let dead = try await h.drain("frontdesk.dead", count: 1)
+                #expect(dead.count == 1)
+                #expect(dead.first?.properties.headers?["x-frontdesk-error"]?.stringValue == "invalid_request")
+                #expect(dead.first?.body == Data(#"{"id":"ex-3","input":"x"}"#.utf8))
+            }
+        }
+
+        /// An intake declared by an older build (or definitions) without the
+        /// way for expired messages: the router says so and goes on with it.
+        @Test func aRouterStartsOnAnIntakeDeclaredWithoutTheExpiredWay() async throws {
+            try await withHarness("old-intake") { h in
+                try await h.connection.withChannel { try await $0.queueDeclare("frontdesk.router.intake", arguments: ["x-queue-type": "quorum"]) }
+                try await h.startRouter()
+                try await h.publish("dispatch.request", #"{"id":"old-1","input":"the agm agenda"}"#)
+                _ = try await h.events(until: "old-1", reaches: "routing")
+            }
+        }
+
         @Test func everyDeadLetterCodeWithItsHeaders() async throws {
             try await withHarness("deadletters") { h in
                 try await h.startRouter()
