@@ -40,11 +40,11 @@ struct RouterService: Service {
             let stop = await client.consume(
                 ConsumerSpecification(queue: RouterTopology.intakeQueue, prefetchCount: 2 * Self.batchLimit),
                 deliver: { batches.yield($0) }, ended: { batches.finish() })
-            // Requests that expired in the intake (a producer's `expiration`)
-            // come back here and are handled as if they had never expired.
+            // Messages that expired in the intake (a producer's `expiration`)
+            // come here, and are dead-lettered with the reason (`plan`).
             let stopExpired = await client.consume(
                 ConsumerSpecification(queue: RouterTopology.expiredQueue, prefetchCount: Self.batchLimit),
-                deliver: { batches.yield($0.withRoutingKey($0.deadLetteredRoutingKey ?? "")) }, ended: {})
+                deliver: { batches.yield($0) }, ended: {})
             await intake.stop.set {
                 await stopExpired()
                 await stop()
@@ -249,6 +249,17 @@ struct RouterService: Service {
     }
 
     func plan(_ delivery: AMQPDelivery) -> Plan {
+        // Expired in the intake before it was read (the router down or
+        // behind): its producer said not to act on it after that, so it is not
+        // handled, but it is not lost either. (Anyone who may publish to the
+        // default exchange can put a message on that queue by name, with any
+        // `x-death`: such a message is only ever dead-lettered, never a command.)
+        if delivery.routingKey == RouterTopology.expiredQueue {
+            let key = delivery.deadLetteredRoutingKey.map { "'\($0)'" } ?? "unknown"
+            let reason = "the message (routing key \(key)) expired in the router's intake before the router read it: its producer set an expiration"
+            logger.info("dead-lettered", [("code", .string(DeadLetterCode.invalidRequest.rawValue)), ("reason", .string(reason))])
+            return .publish([deadLetterMessage(delivery, .invalidRequest, reason)], counted: .deadLetter(.invalidRequest))
+        }
         let now = Date()
         switch IntakeClassifier.classify(routingKey: delivery.routingKey, type: delivery.properties.type, body: delivery.body) {
         case .reject(let code, let reason, nil, _):

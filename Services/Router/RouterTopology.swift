@@ -10,9 +10,8 @@ enum RouterTopology {
     /// Where the intake's messages go when they expire: a producer may set
     /// `expiration` (untrusted, like every property), and a quorum queue
     /// drops an expired message, so a request sent while the router was down
-    /// or behind was lost without a trace. The router reads this queue like
-    /// the intake, by the routing key the message was published with
-    /// (`x-death`); the broker has taken the expiration off.
+    /// or behind was lost without a trace. The router reads this queue and
+    /// dead-letters each message with the reason.
     static let expiredQueue = "frontdesk.router.intake.expired"
     static let intakeArguments: FieldTable = [
         "x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": .string(expiredQueue),

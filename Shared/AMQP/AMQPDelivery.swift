@@ -38,13 +38,6 @@ public struct AMQPDelivery: Sendable {
     public let frameMax: Int
     let acknowledger: DeliveryAcknowledger
 
-    /// The same delivery (settled on the same channel) under another routing key.
-    public func withRoutingKey(_ key: String) -> AMQPDelivery {
-        AMQPDelivery(
-            body: body, properties: properties, exchange: exchange, routingKey: key, redelivered: redelivered,
-            deliveryTag: deliveryTag, consumerTag: consumerTag, frameMax: frameMax, acknowledger: acknowledger)
-    }
-
     /// The routing key a message had before a queue dead-lettered it: the
     /// first of `x-death`'s first entry's `routing-keys` (the broker's own
     /// header; from anyone else it may be missing or odd: nil then).
