@@ -157,7 +157,9 @@ public struct RouteResolver: Sendable {
     private func findProject(_ key: String) -> RoutingTable.Project? {
         if let i = projectsByID[key] { return table.projects[i] }
         let words = NormalizedText.words(of: key)
-        guard let index = projectNames.firstIndex(where: { $0.names.contains(words) }) else { return nil }
+        guard let first = words.first,
+            let index = projectsByFirstWord[first]?.first(where: { projectNames[$0].names.contains(words) })
+        else { return nil }
         return table.projects[index]
     }
 
@@ -186,20 +188,38 @@ public struct RouteResolver: Sendable {
     /// The first `@…` in the input that names a route: `@project/target`,
     /// `@target` (id or name) or `@project` (id, name or alias).
     private func resolveMention(_ input: String) -> RouteResolution? {
+        guard input.utf8.contains(UInt8(ascii: "@")) else { return nil }
+        // The input's words once, with where each begins: a mention takes the
+        // first few after its "@" (never the rest of the input again for each
+        // "@": 1,333 of them made millions of folds for one request).
+        var all: (words: [String], starts: [String.Index])?
         var searchStart = input.startIndex
         while let at = input[searchStart...].firstIndex(of: "@") {
             let after = input[input.index(after: at)...]
             searchStart = input.index(after: at)
             // "lisa@example.com" is an address, not a mention.
             if at > input.startIndex, input[input.index(before: at)].isLetter || input[input.index(before: at)].isNumber { continue }
-            if let r = mention(in: after, input: input) { return r }
+            // "@" is no letter: the words after it are those that begin after
+            // it (read only when the token alone names nothing).
+            let words = { () -> [String] in
+                let (words, starts) = all ?? NormalizedText.wordsWithStarts(of: input)
+                all = (words, starts)
+                var low = 0, high = starts.count
+                while low < high {
+                    let mid = (low + high) / 2
+                    if starts[mid] > at { high = mid } else { low = mid + 1 }
+                }
+                return Array(words[low..<min(words.count, low + self.mentionWords)])
+            }
+            if let r = mention(in: after, words: words, input: input) { return r }
         }
         return nil
     }
 
-    /// `text` is what follows the `@`; `input` the whole request, which a
-    /// project's best target is scored on.
-    private func mention(in text: Substring, input: String) -> RouteResolution? {
+    /// `text` is what follows the `@`, `words` its first words (as many as
+    /// a name can have); `input` the whole request, which a project's best
+    /// target is scored on.
+    private func mention(in text: Substring, words wordsAfter: () -> [String], input: String) -> RouteResolution? {
         let token = text.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "/" || $0 == "_" }
         if let slash = token.firstIndex(of: "/") {
             let pKey = String(token[..<slash]).lowercased(), tKey = String(token[token.index(after: slash)...]).lowercased()
@@ -212,9 +232,7 @@ public struct RouteResolver: Sendable {
         if let first = targetsByID[id]?.first {
             return exact(targets[first].route, reason: "mention: @\(id)", .mention)
         }
-        // Only the words a name can have: an input of many "@" must not
-        // fold the rest of itself for each one.
-        let words = NormalizedText.words(of: text, limit: mentionWords)
+        let words = wordsAfter()
         if let firstWord = words.first {
             for i in byFirstWord[firstWord] ?? [] where !targets[i].nameWords.isEmpty && words.starts(with: targets[i].nameWords) {
                 return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)

@@ -15,22 +15,53 @@ struct NormalizedText: Sendable {
     /// first `limit` words are read: the rest of the text is not touched.
     static func words<S: StringProtocol>(of text: S, limit: Int = .max) -> [String] {
         var words: [String] = []
+        scan(text) { word, _ in
+            words.append(word)
+            return words.count < limit
+        }
+        return words
+    }
+
+    /// The words of `text` and where each begins (its first scalar).
+    static func wordsWithStarts(of text: String) -> (words: [String], starts: [String.Index]) {
+        var words: [String] = [], starts: [String.Index] = []
+        scan(text) { word, start in
+            words.append(word)
+            starts.append(start)
+            return true
+        }
+        return (words, starts)
+    }
+
+    /// Calls `found` with each word and the index of its first scalar, in
+    /// order, until it returns false.
+    @inline(__always)
+    private static func scan<S: StringProtocol>(_ text: S, _ found: (String, String.Index) -> Bool) {
         // The current word as UTF-8: appending bytes is far cheaper than
         // appending scalars to a string, and short words stay small strings.
         var current: [UInt8] = []
         current.reserveCapacity(32)
+        let scalars = text.unicodeScalars
+        var start = scalars.startIndex
+        var going = true
         func flush() {
             if !current.isEmpty {
-                words.append(String(decoding: current, as: UTF8.self))
+                going = found(String(decoding: current, as: UTF8.self), start)
                 current.removeAll(keepingCapacity: true)
             }
         }
-        for scalar in text.unicodeScalars {
-            if words.count >= limit { return words }
+        var i = scalars.startIndex
+        while going, i < scalars.endIndex {
+            let scalar = scalars[i]
+            defer { scalars.formIndex(after: &i) }
             if scalar.isASCII {
                 switch scalar.value {
-                case 0x61...0x7A, 0x30...0x39: current.append(UInt8(scalar.value))
-                case 0x41...0x5A: current.append(UInt8(scalar.value + 32))
+                case 0x61...0x7A, 0x30...0x39:
+                    if current.isEmpty { start = i }
+                    current.append(UInt8(scalar.value))
+                case 0x41...0x5A:
+                    if current.isEmpty { start = i }
+                    current.append(UInt8(scalar.value + 32))
                 default: flush()
                 }
                 continue
@@ -43,6 +74,7 @@ struct NormalizedText: Sendable {
                 flush()
                 continue
             }
+            if current.isEmpty { start = i }
             for folded in String(scalar).decomposedStringWithCompatibilityMapping.unicodeScalars
             where !isMark(folded.properties.generalCategory) {
                 // Case folding, not just lower case: "ß" matches "ss".
@@ -50,8 +82,7 @@ struct NormalizedText: Sendable {
                 current.append(contentsOf: lower.utf8)
             }
         }
-        flush()
-        return words
+        if going { flush() }
     }
 
     private static func isMark(_ category: Unicode.GeneralCategory) -> Bool {

@@ -144,8 +144,8 @@ struct RouteResolverTests {
         }
         let table = try RoutingTable(json: Data(#"{"projects":[\#(projects.joined(separator: ","))]}"#.utf8))
         let r = RouteResolver(table: table)
-        for unit in ["@é ", "@\u{FDFA} ", "@x "] {
-            let hostile = String(repeating: unit, count: 1333)
+        for unit in ["@é ", "@\u{FDFA} ", "@x ", "@", "@€", "@\u{3000}", "@a/b "] {
+            let hostile = String(repeating: unit, count: 3999 / unit.unicodeScalars.count)
             let started = ContinuousClock.now
             _ = r.resolve(input: hostile)
             let took = ContinuousClock.now - started
