@@ -242,6 +242,11 @@ final class GatewayState: Sendable {
         }
     }
 
+    /// Whether `id` has ended and a client resuming after `seq` has all of it.
+    func hasEnded(_ id: String, before seq: Int) -> Bool {
+        state.withLock { s in s.book.isEnded(id) && s.book.events(id, after: seq).isEmpty }
+    }
+
     /// Opens an event stream for `user`'s dispatch: the events after
     /// `lastSeq` now, the later ones as they come; ended after the terminal
     /// event. A live event may queue at most `HTTPStream.limit` more. The
@@ -251,11 +256,6 @@ final class GatewayState: Sendable {
     /// (an EventSource does by itself, after the `retry` interval). An agent
     /// sets the pace of a dispatch's events; without the bound a long
     /// history was queued whole once for every stream opened on it.
-    /// Whether `id` has ended and a client resuming after `seq` has all of it.
-    func hasEnded(_ id: String, before seq: Int) -> Bool {
-        state.withLock { s in s.book.isEnded(id) && s.book.events(id, after: seq).isEmpty }
-    }
-
     func subscribe(_ id: String, user: String, after lastSeq: Int, stream: HTTPStream) {
         state.withLock { s in
             let postedHere = !s.book.knows(id) && s.posted[id]?.user == user  // its first event decides (see take)

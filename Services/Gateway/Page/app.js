@@ -257,9 +257,11 @@ async function readEvents(body, onEvent) {
 
 // MARK: Actions
 
-// Requests cancelled while they waited in the page: one a flush was sending
-// at that moment is cancelled at the gateway once it is in.
-const cancelledLocally = new Set();
+// Requests cancelled while they waited in the page (in any tab: kept with
+// the outbox): one a flush was sending at that moment is cancelled at the
+// gateway once it is in.
+function cancelledLocally() { return store.get("fd.cancelled", []); }
+function noteCancelledLocally(id) { store.set("fd.cancelled", [...cancelledLocally().filter((x) => x !== id), id].slice(-100)); }
 
 async function cancel(id) {
   const card = cards.get(id);
@@ -267,7 +269,7 @@ async function cancel(id) {
   if (card.local && outbox().some((r) => r.id === id)) {
     // Never sent (or being sent right now): it leaves the outbox, and the card says so.
     const local = card.local;
-    cancelledLocally.add(id);
+    noteCancelledLocally(id);
     setOutbox(outbox().filter((r) => r.id !== id));
     card.local = null;
     card.event = { dispatchId: id, seq: 0, state: "cancelled", input: local.input, project: local.project, target: local.target,
@@ -422,9 +424,20 @@ function queueLocally(entry) {
   render(entry.id);
 }
 
+// A request the gateway refused once it could answer (it waited for a 5xx
+// or the network): the card says why, as it would have at once.
+function refusedLocally(entry, message) {
+  const card = cardFor(entry.id);
+  card.local = null;
+  card.event = { dispatchId: entry.id, seq: 0, state: "failed", input: entry.input, project: entry.project, target: entry.target,
+    error: { code: "refused", message }, elapsedMs: Date.now() - entry.createdAt };
+  render(entry.id);
+}
+
 let flushing = false;
+let tokenRefused = null;
 async function flushOutbox() {
-  if (flushing || !navigator.onLine) return;
+  if (flushing || !navigator.onLine || (tokenRefused !== null && tokenRefused === token)) return;
   flushing = true;
   try {
     for (const entry of outbox()) {
@@ -433,11 +446,17 @@ async function flushOutbox() {
       if (entry.hinted && entry.project && entry.target) { body.project = entry.project.id; body.target = entry.target.id; }
       let r;
       try { r = await api("POST", "/v1/dispatches", body); } catch { return; }
-      if (r.status === 202 || (r.status >= 400 && r.status < 500 && r.status !== 401)) {
+      if (r.status === 401) { tokenRefused = token; return; } // not again until the token changes
+      if (r.status === 202 || (r.status >= 400 && r.status < 500)) {
         setOutbox(outbox().filter((x) => x.id !== entry.id));
-        if (r.status === 202 && cancelledLocally.has(entry.id)) {
+        if (r.status === 202 && cancelledLocally().includes(entry.id)) {
           try { await api("POST", `/v1/dispatches/${encodeURIComponent(entry.id)}/cancel`, { reason: "user" }); } catch { /* it shows cancelled; the gateway may not */ }
-        } else if (r.status === 202) { rememberOpen(entry.id, 0); follow(entry.id); }
+        } else if (r.status === 202) {
+          rememberOpen(entry.id, 0);
+          follow(entry.id);
+        } else {
+          refusedLocally(entry, r.json?.error?.message ?? `the gateway answered ${r.status}`);
+        }
       }
     }
   } finally {
