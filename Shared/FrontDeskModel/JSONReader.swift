@@ -206,19 +206,28 @@ public struct JSONReader {
         return s
     }
 
-    /// After `\u`: four hex digits, and for a high surrogate the `\uXXXX` of its low half.
+    /// After `\u`: four hex digits, and for a high surrogate the `\uXXXX` of
+    /// its low half. A lone half is valid JSON (RFC 8259 allows it) but no
+    /// Unicode: it reads as U+FFFD, as most readers do (Python's writes
+    /// them), rather than failing the whole message.
     private mutating func unicodeEscape() throws -> [UInt8] {
         var value = try hex4()
         if (0xD800..<0xDC00).contains(value) {
-            guard i + 1 < bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") else {
-                throw error("lone surrogate")
+            let mark = i
+            if i + 1 < bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") {
+                i += 2
+                let low = try hex4()
+                if (0xDC00..<0xE000).contains(low) {
+                    value = 0x10000 + ((value - 0xD800) << 10) + (low - 0xDC00)
+                } else {
+                    i = mark  // another escape: read on its own
+                    value = 0xFFFD
+                }
+            } else {
+                value = 0xFFFD
             }
-            i += 2
-            let low = try hex4()
-            guard (0xDC00..<0xE000).contains(low) else { throw error("lone surrogate") }
-            value = 0x10000 + ((value - 0xD800) << 10) + (low - 0xDC00)
         } else if (0xDC00..<0xE000).contains(value) {
-            throw error("lone surrogate")
+            value = 0xFFFD
         }
         guard let scalar = Unicode.Scalar(value) else { throw error("invalid code point") }
         return Array(String(Character(scalar)).utf8)

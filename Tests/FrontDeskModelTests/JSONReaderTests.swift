@@ -49,9 +49,18 @@ import Testing
 
     static let malformed: [String] = [
         "", " ", "{", "}", "[1,]", "{\"a\":1,}", "{\"a\" 1}", "{a:1}", "[1 2]", "01", "+1", "1.", ".5", "1e", "-",
-        "NaN", "Infinity", "1e999", "tru", "nul", "\"abc", "\"a\\x\"", "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"",
-        "\"\\ud800\\u0041\"", "\"tab\there\"", "{} {}", "[1]x", "'single'",
+        "NaN", "Infinity", "1e999", "tru", "nul", "\"abc", "\"a\\x\"", "\"\\u12\"", "\"\\ud800\\u12\"", "\"tab\there\"", "{} {}", "[1]x", "'single'",
     ]
+
+    /// A lone surrogate escape is valid JSON but no Unicode: U+FFFD, and the
+    /// escape after a lone high half is read on its own.
+    @Test func readsALoneSurrogateAsTheReplacementCharacter() throws {
+        #expect(try parse(#""\ud800""#) == .string("\u{FFFD}"))
+        #expect(try parse(#""\udc00x""#) == .string("\u{FFFD}x"))
+        #expect(try parse(#""\ud800\u0041""#) == .string("\u{FFFD}A"))
+        #expect(try parse(#""\ud800\ud800\udc00""#) == .string("\u{FFFD}\u{10000}"))
+        #expect(try parse(#""a\ud83d""#) == .string("a\u{FFFD}"))
+    }
 
     @Test(arguments: malformed)
     func rejectsMalformedInput(_ text: String) {
