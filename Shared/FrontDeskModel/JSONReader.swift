@@ -20,8 +20,9 @@ public struct JSONReadError: Error, Equatable, CustomStringConvertible {
 /// A small strict JSON parser for the hot paths (hand-offs, parked
 /// dispatches, agent tasks), where JSONDecoder's generic machinery was the
 /// largest single cost per dispatch. Strict like JSONDecoder: UTF-8 only,
-/// no trailing commas, no leading zeros, no lone surrogates, nothing after
-/// the value; nesting deeper than `maxDepth` is an error, not a crash.
+/// no trailing commas, no leading zeros, nothing after the value (a lone
+/// surrogate escape reads as U+FFFD); nesting deeper than `maxDepth` is an
+/// error, not a crash.
 public struct JSONReader {
     public static let maxDepth = 64
 

@@ -69,10 +69,10 @@ public struct RouteResolver: Sendable {
     let projectsByID: [String: Int]
     /// Target indices by target id, in table order.
     let targetsByID: [String: [Int]]
-    /// For each first word, the targets with an entry starting with it.
-    let byFirstWord: [String: [Int]]
-    /// Projects by the first word of their name or an alias, in table order.
-    let projectsByFirstWord: [String: [Int]]
+    /// The first project (in table order) by the words of its name or an alias.
+    let projectByName: [[String]: Int]
+    /// The first target (in table order) by the words of its name.
+    let targetByName: [[String]: Int]
     /// The most words a target's or project's name (or alias) has: all a
     /// mention needs to read after its "@".
     let mentionWords: Int
@@ -83,7 +83,6 @@ public struct RouteResolver: Sendable {
     public init(table: RoutingTable) {
         self.table = table
         var targets: [IndexedTarget] = []
-        var byFirstWord: [String: [Int]] = [:]
         for p in table.projects {
             let projectEntries = [Entry(words: NormalizedText.words(of: p.name), label: p.name, kind: .projectName)]
                 + p.aliases.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .alias) }
@@ -92,25 +91,27 @@ public struct RouteResolver: Sendable {
                     + t.contacts.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .contact) }
                     + [Entry(words: NormalizedText.words(of: t.name), label: t.name, kind: .targetName)]
                     + projectEntries
-                let index = targets.count
-                for first in Set(entries.compactMap(\.words.first)) { byFirstWord[first, default: []].append(index) }
                 var kept = entries.filter { !$0.words.isEmpty }
                 for i in kept.indices { kept[i].order = i }
                 targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: kept, nameWords: NormalizedText.words(of: t.name)))
             }
         }
         self.targets = targets
-        self.byFirstWord = byFirstWord
         self.phrases = PhraseIndex(phrases: targets.map { $0.entries.map(\.words) })
         projectNames = table.projects.map { p in
             (p.id, ([p.name] + p.aliases).map { NormalizedText.words(of: $0) }.filter { !$0.isEmpty })
         }
         projectsByID = Dictionary(table.projects.enumerated().map { ($1.id, $0) }, uniquingKeysWith: { first, _ in first })
-        var projectsByFirstWord: [String: [Int]] = [:]
+        var projectByName: [[String]: Int] = [:]
         for (index, p) in projectNames.enumerated() {
-            for first in Set(p.names.compactMap(\.first)) { projectsByFirstWord[first, default: []].append(index) }
+            for name in p.names where projectByName[name] == nil { projectByName[name] = index }
         }
-        self.projectsByFirstWord = projectsByFirstWord
+        self.projectByName = projectByName
+        var targetByName: [[String]: Int] = [:]
+        for (index, t) in targets.enumerated() where !t.nameWords.isEmpty && targetByName[t.nameWords] == nil {
+            targetByName[t.nameWords] = index
+        }
+        self.targetByName = targetByName
         mentionWords = max(
             targets.map(\.nameWords.count).max() ?? 0,
             projectNames.flatMap { $0.names.map(\.count) }.max() ?? 0, 1)
@@ -156,10 +157,7 @@ public struct RouteResolver: Sendable {
 
     private func findProject(_ key: String) -> RoutingTable.Project? {
         if let i = projectsByID[key] { return table.projects[i] }
-        let words = NormalizedText.words(of: key)
-        guard let first = words.first,
-            let index = projectsByFirstWord[first]?.first(where: { projectNames[$0].names.contains(words) })
-        else { return nil }
+        guard let index = projectByName[NormalizedText.words(of: key)] else { return nil }
         return table.projects[index]
     }
 
@@ -232,21 +230,20 @@ public struct RouteResolver: Sendable {
         if let first = targetsByID[id]?.first {
             return exact(targets[first].route, reason: "mention: @\(id)", .mention)
         }
+        // The first target in table order whose name begins the text, then
+        // the first project whose id is the token or whose name or alias
+        // begins it: one look-up a prefix of the words (a mention costs the
+        // same however many targets share a first word).
         let words = wordsAfter()
-        if let firstWord = words.first {
-            for i in byFirstWord[firstWord] ?? [] where !targets[i].nameWords.isEmpty && words.starts(with: targets[i].nameWords) {
-                return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
-            }
+        func firstNamed(_ index: [[String]: Int]) -> Int? {
+            (0..<words.count).compactMap { index[Array(words[...$0])] }.min()
         }
-        // The first project in table order whose id is the token or whose
-        // name or alias begins the text: candidates come from two indexes.
-        var candidates = words.first.flatMap { projectsByFirstWord[$0] } ?? []
-        if let byID = projectsByID[id] { candidates.append(byID) }
-        for index in candidates.sorted() {
-            let p = projectNames[index]
-            guard p.id == id || p.names.contains(where: { words.starts(with: $0) }) else { continue }
+        if let i = firstNamed(targetByName) {
+            return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
+        }
+        if let index = [projectsByID[id], firstNamed(projectByName)].compactMap({ $0 }).min() {
             let route = bestTarget(of: table.projects[index], input: input)
-            return exact(route, reason: "mention: @\(p.id)", .mention)
+            return exact(route, reason: "mention: @\(projectNames[index].id)", .mention)
         }
         return nil
     }
