@@ -188,7 +188,18 @@ setInterval(() => { for (const id of cards.keys()) tick(id); }, 250);
 // The browser may say "online" while the gateway cannot be reached (or
 // answers 503): what waits in the outbox is tried again every few seconds,
 // not only on the browser's "online" event.
-setInterval(() => { if (token && outbox().length) flushOutbox(); }, 3000);
+setInterval(() => { if (token && (outbox().length || cancelsToSend().length)) flushOutbox(); }, 3000);
+// Another tab sent or cancelled a request this one shows waiting: the card follows.
+window.addEventListener("storage", (ev) => {
+  if (ev.key !== "fd.outbox") return;
+  const waiting = new Set(outbox().map((r) => r.id));
+  const cancelled = cancelledLocally();
+  for (const [id, card] of cards) {
+    if (!card.local || waiting.has(id)) continue;
+    if (cancelled.includes(id)) showCancelledLocally(id, card.local);
+    else { rememberOpen(id, 0); follow(id); }
+  }
+});
 
 function show(id, event) {
   const card = cardFor(id);
@@ -219,6 +230,8 @@ async function follow(id) {
         const response = await fetch(`/v1/dispatches/${encodeURIComponent(id)}/events`, { headers, cache: "no-store" });
         if (response.status === 404 || response.status === 401) {
           if (response.status === 404) forgetOpen(id);
+          // Sent from another tab, and refused there: not left "queued" here.
+          if (response.status === 404 && card?.local) refusedLocally(card.local, "the gateway does not know this request");
           return;
         }
         if (response.status === 204) { forgetOpen(id); return; } // it ended, and we have all of it
@@ -262,20 +275,27 @@ async function readEvents(body, onEvent) {
 // gateway once it is in.
 function cancelledLocally() { return store.get("fd.cancelled", []); }
 function noteCancelledLocally(id) { store.set("fd.cancelled", [...cancelledLocally().filter((x) => x !== id), id].slice(-100)); }
+// Cancels of requests a flush had sent when they were cancelled: sent (again) until the gateway answers.
+function cancelsToSend() { return store.get("fd.cancels-to-send", []); }
+function setCancelsToSend(list) { store.set("fd.cancels-to-send", list.slice(-100)); }
+
+function showCancelledLocally(id, local) {
+  const card = cardFor(id);
+  card.local = null;
+  card.event = { dispatchId: id, seq: 0, state: "cancelled", input: local.input, project: local.project, target: local.target,
+    cancel: { reason: "user" }, elapsedMs: Date.now() - local.createdAt };
+  forgetOpen(id);
+  render(id);
+}
 
 async function cancel(id) {
   const card = cards.get(id);
   if (!card) return;
   if (card.local && outbox().some((r) => r.id === id)) {
     // Never sent (or being sent right now): it leaves the outbox, and the card says so.
-    const local = card.local;
     noteCancelledLocally(id);
     setOutbox(outbox().filter((r) => r.id !== id));
-    card.local = null;
-    card.event = { dispatchId: id, seq: 0, state: "cancelled", input: local.input, project: local.project, target: local.target,
-      cancel: { reason: "user" }, elapsedMs: Date.now() - local.createdAt };
-    forgetOpen(id);
-    render(id);
+    showCancelledLocally(id, card.local);
     return;
   }
   card.el.classList.add("cancelling");
@@ -403,7 +423,8 @@ async function submitRequest(input) {
   if (!navigator.onLine) return queueLocally(entry);
   try {
     const r = await api("POST", "/v1/dispatches", { id, input, createdAt: entry.createdAtText });
-    if (r.status >= 500) return queueLocally(entry); // starting, or the broker pushes back: it waits here and goes out by itself
+    if (retryable(r.status)) return queueLocally(entry); // starting, or the broker pushes back: it waits here and goes out by itself
+    if (r.status === 202) tokenRefused = null;
     if (r.status !== 202) {
       $("request-error").textContent = r.json?.error?.message ?? `the gateway answered ${r.status}`;
       $("request-error").hidden = false;
@@ -434,30 +455,41 @@ function refusedLocally(entry, message) {
   render(entry.id);
 }
 
+/// An answer worth trying again later: the gateway starting or pushed back, or a proxy's.
+function retryable(status) { return status >= 500 || status === 408 || status === 429; }
+
 let flushing = false;
 let tokenRefused = null;
 async function flushOutbox() {
   if (flushing || !navigator.onLine || (tokenRefused !== null && tokenRefused === token)) return;
   flushing = true;
+  const used = token;
   try {
     for (const entry of outbox()) {
-      if (!outbox().some((x) => x.id === entry.id)) continue; // cancelled meanwhile
+      if (!outbox().some((x) => x.id === entry.id)) continue; // sent or cancelled meanwhile (maybe by another tab)
+      if (cancelledLocally().includes(entry.id)) { setOutbox(outbox().filter((x) => x.id !== entry.id)); continue; }
       const body = { id: entry.id, input: entry.input, createdAt: entry.createdAtText };
       if (entry.hinted && entry.project && entry.target) { body.project = entry.project.id; body.target = entry.target.id; }
       let r;
       try { r = await api("POST", "/v1/dispatches", body); } catch { return; }
-      if (r.status === 401) { tokenRefused = token; return; } // not again until the token changes
-      if (r.status === 202 || (r.status >= 400 && r.status < 500)) {
+      if (r.status === 401) { if (token === used) tokenRefused = used; return; } // not again until the token changes
+      if (r.status === 202 || (r.status >= 400 && r.status < 500 && !retryable(r.status))) {
         setOutbox(outbox().filter((x) => x.id !== entry.id));
-        if (r.status === 202 && cancelledLocally().includes(entry.id)) {
-          try { await api("POST", `/v1/dispatches/${encodeURIComponent(entry.id)}/cancel`, { reason: "user" }); } catch { /* it shows cancelled; the gateway may not */ }
+        const cancelled = cancelledLocally().includes(entry.id);
+        if (r.status === 202 && cancelled) {
+          setCancelsToSend([...cancelsToSend(), entry.id]);
         } else if (r.status === 202) {
           rememberOpen(entry.id, 0);
           follow(entry.id);
-        } else {
+        } else if (!cancelled) {
           refusedLocally(entry, r.json?.error?.message ?? `the gateway answered ${r.status}`);
         }
       }
+    }
+    for (const id of cancelsToSend()) {
+      let r;
+      try { r = await api("POST", `/v1/dispatches/${encodeURIComponent(id)}/cancel`, { reason: "user" }); } catch { return; }
+      if (!retryable(r.status) && r.status !== 401) setCancelsToSend(cancelsToSend().filter((x) => x !== id));
     }
   } finally {
     flushing = false;
@@ -481,6 +513,7 @@ function start() {
   $("token-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     token = $("token").value.trim();
+    tokenRefused = null;
     store.set("fd.token", token);
     resume();
   });
