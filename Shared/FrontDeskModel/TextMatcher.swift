@@ -11,14 +11,10 @@ struct NormalizedText: Sendable {
     /// "Zoë's AGM-agenda" → ["zoe", "s", "agm", "agenda"]: lower case,
     /// without diacritics, compatibility forms folded ("ｆｕｌｌ" → "full"),
     /// split on anything that is not a letter or a digit. ASCII takes a fast
-    /// path; other scalars are folded one by one. With `limit`, only the
-    /// first `limit` words are read: the rest of the text is not touched.
-    static func words<S: StringProtocol>(of text: S, limit: Int = .max) -> [String] {
+    /// path; other scalars are folded one by one.
+    static func words<S: StringProtocol>(of text: S) -> [String] {
         var words: [String] = []
-        scan(text) { word, _ in
-            words.append(word)
-            return words.count < limit
-        }
+        scan(text) { word, _ in words.append(word) }
         return words
     }
 
@@ -28,30 +24,27 @@ struct NormalizedText: Sendable {
         scan(text) { word, start in
             words.append(word)
             starts.append(start)
-            return true
         }
         return (words, starts)
     }
 
-    /// Calls `found` with each word and the index of its first scalar, in
-    /// order, until it returns false.
+    /// Calls `found` with each word and the index of its first scalar, in order.
     @inline(__always)
-    private static func scan<S: StringProtocol>(_ text: S, _ found: (String, String.Index) -> Bool) {
+    private static func scan<S: StringProtocol>(_ text: S, _ found: (String, String.Index) -> Void) {
         // The current word as UTF-8: appending bytes is far cheaper than
         // appending scalars to a string, and short words stay small strings.
         var current: [UInt8] = []
         current.reserveCapacity(32)
         let scalars = text.unicodeScalars
         var start = scalars.startIndex
-        var going = true
         func flush() {
             if !current.isEmpty {
-                going = found(String(decoding: current, as: UTF8.self), start)
+                found(String(decoding: current, as: UTF8.self), start)
                 current.removeAll(keepingCapacity: true)
             }
         }
         var i = scalars.startIndex
-        while going, i < scalars.endIndex {
+        while i < scalars.endIndex {
             let scalar = scalars[i]
             defer { scalars.formIndex(after: &i) }
             if scalar.isASCII {
@@ -82,7 +75,7 @@ struct NormalizedText: Sendable {
                 current.append(contentsOf: lower.utf8)
             }
         }
-        if going { flush() }
+        flush()
     }
 
     private static func isMark(_ category: Unicode.GeneralCategory) -> Bool {
