@@ -36,6 +36,21 @@ final class GatewayService: Service {
     private let presence: Presence
     /// The log has been read up to the marker this replica wrote: history is complete.
     private let caughtUp = Atomic<Bool>(false)
+    /// Where the status log is read from on each (re)start of its consumer,
+    /// and the marker of the catch-up that start began.
+    private struct LogPosition {
+        /// The offset after the last event read: a reconnect resumes there
+        /// (it read the whole lifetime window again).
+        var next: Int64?
+        var marker = ""
+        /// Live events are left to the log until it has caught up with this
+        /// start's marker: after a reconnect the log still holds what came
+        /// while this replica was away, and a live event written to a stream
+        /// before those would put a higher seq ahead of them (a client drops
+        /// the lower ones that follow).
+        var liveHeld = true
+    }
+    private let logPosition = Mutex(LogPosition())
     private let stopped = Atomic<Bool>(false)
     private let stopSignal: AsyncStream<Void>.Continuation
     private let stopStream: AsyncStream<Void>
@@ -72,35 +87,60 @@ final class GatewayService: Service {
 
     func run() async throws {
         let since = UInt64(max(0, Date().timeIntervalSince1970 - Double(settings.lifetimeSeconds) - 300))
-        let marker = "gateway-\(UUID().uuidString)"
         let state = state, login = settings.login
         let stop = await client.consume(
-            ConsumerSpecification(queue: SharedTopology.statusLog, prefetchCount: 1000, arguments: ["x-stream-offset": .timestamp(since)]),
+            ConsumerSpecification(
+                queue: SharedTopology.statusLog, prefetchCount: 1000,
+                argumentsOnStart: { [self] in
+                    // Each start: from the lifetime window's start the first
+                    // time, after the last event read since; a new marker to
+                    // catch up to, with live events held until then.
+                    let marker = "gateway-\(UUID().uuidString)"
+                    let next = logPosition.withLock { p in
+                        p.marker = marker
+                        p.liveHeld = true
+                        return p.next
+                    }
+                    Task { await writeMarker(marker) }
+                    return ["x-stream-offset": next.map { .int64($0) } ?? .timestamp(since)]
+                }),
             deliver: { [self] d in
+                state.metrics.logReads.increment()
+                if let offset = d.properties.headers?["x-stream-offset"]?.intValue, offset < Int64.max {
+                    logPosition.withLock { $0.next = offset + 1 }
+                }
                 if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
                     publishDeferred(state.take(d.body, messageID: d.properties.messageID, now: Date()))
-                } else if d.properties.type == Self.markerType, d.properties.messageID == marker, d.properties.userID == login {
+                } else if d.properties.type == Self.markerType, d.properties.userID == login,
+                    logPosition.withLock({ p in
+                        guard p.liveHeld, d.properties.messageID == p.marker else { return false }
+                        p.liveHeld = false
+                        return true
+                    })
+                {
                     caughtUp.store(true, ordering: .releasing)
                 }
                 try? d.ack()
             },
             ended: {})
-        // Every event comes twice, by the log and by the live queue: whichever is first counts, the book drops the other.
+        // Every event comes twice, by the log and by the live queue: whichever
+        // is first counts, the book drops the other. While the log catches up
+        // (after each start) the live copies are left to it.
         let stopLive = await client.consume(
             ConsumerSpecification(queue: settings.liveQueue, prefetchCount: 1000, exclusive: true),
             deliver: { [self] d in
-                if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
+                if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d),
+                    !logPosition.withLock({ $0.liveHeld })
+                {
                     publishDeferred(state.take(d.body, messageID: d.properties.messageID, now: Date()))
                 }
                 try? d.ack()
             },
             ended: {})
-        async let markers: Void = writeMarker(marker)
         async let housekeeping: Void = housekeep()
         for await _ in stopStream { break }
         await stopLive()
         await stop()
-        await markers
         await housekeeping
     }
 
@@ -111,10 +151,11 @@ final class GatewayService: Service {
         stopSignal.finish()
     }
 
-    /// Writes this replica's marker into the log (retrying until the broker
-    /// takes it): once read back, everything before it has been read.
+    /// Writes a marker into the log (retrying until the broker takes it, while
+    /// it is still the one waited for): once read back, everything before it
+    /// has been read.
     private func writeMarker(_ marker: String) async {
-        while !stopped.load(ordering: .acquiring), !caughtUp.load(ordering: .acquiring) {
+        while !stopped.load(ordering: .acquiring), logPosition.withLock({ $0.liveHeld && $0.marker == marker }) {
             do {
                 try await client.publish(OutboundMessage(
                     exchange: "", routingKey: SharedTopology.statusLog, body: Data("{}".utf8),

@@ -342,6 +342,9 @@ struct GatewayMetrics: Sendable {
     let published: Counter
     /// Replays that ended their stream at `maxReplayBytes`, for the client to resume.
     let replaysCut: Counter
+    /// Messages read from the status log, copies and markers included: what
+    /// catching up costs (a reconnect resumes where the reading left off).
+    let logReads: Counter
     /// From an event's `at` to the gateway taking it (the first of its two copies).
     let eventDelay: Histogram
 
@@ -355,6 +358,7 @@ struct GatewayMetrics: Sendable {
         published = registry.counter("frontdesk_gateway_published_total", "commands published, by routing key", labels: ["key"])
         replaysCut = registry.counter(
             "frontdesk_gateway_replays_cut_total", "event streams ended at the replay limit, for the client to resume with Last-Event-ID")
+        logReads = registry.counter("frontdesk_gateway_log_reads_total", "messages read from the status log, copies and markers included")
     }
 }
 

@@ -8,12 +8,20 @@ public struct ConsumerSpecification: Sendable {
     public var exclusive: Bool
     /// e.g. `x-stream-offset` for a stream, `x-priority`.
     public var arguments: FieldTable?
+    /// When set, the arguments are asked for at each start (every
+    /// connection, every restart after the broker cancelled it) instead:
+    /// a stream consumer resumes where it left off, not where it began.
+    public var argumentsOnStart: (@Sendable () -> FieldTable?)?
 
-    public init(queue: String, prefetchCount: UInt16 = 50, exclusive: Bool = false, arguments: FieldTable? = nil) {
+    public init(
+        queue: String, prefetchCount: UInt16 = 50, exclusive: Bool = false, arguments: FieldTable? = nil,
+        argumentsOnStart: (@Sendable () -> FieldTable?)? = nil
+    ) {
         self.queue = queue
         self.prefetchCount = prefetchCount
         self.exclusive = exclusive
         self.arguments = arguments
+        self.argumentsOnStart = argumentsOnStart
     }
 }
 
@@ -44,7 +52,7 @@ final class ConsumerRegistration: Sendable {
                 })
             let tag = try await channel.consume(
                 queue: specification.queue, consumerTag: "", noAck: false, exclusive: specification.exclusive,
-                arguments: specification.arguments, sink: sink)
+                arguments: specification.argumentsOnStart?() ?? specification.arguments, sink: sink)
             active.withLock { $0 = (channel, tag) }
         } catch {
             await channel.close()

@@ -452,6 +452,69 @@ import Testing
         }
     }
 
+    /// The gateway's broker connection drops while a stream is open: events
+    /// that came while it was away are still written, in seq order, before
+    /// the later ones (the log is read from where it left off, and the live
+    /// copies wait until it has caught up). Before, the log was read again
+    /// from the lifetime window's start, and live events overtook the gap.
+    @Test func aStreamKeepsItsOrderAcrossAReconnectOfTheGateway() async throws {
+        try await withHarness("gw-reconnect") { h in
+            let router = try await h.startRouter()  // the topology, then gone
+            kill(router.processIdentifier, SIGKILL)
+            router.waitUntilExit()
+            let gw = try await h.startGateway()
+            func event(_ seq: Int, _ state: String) async throws { try await h.publishStatus("rc-1", seq: seq, state: state) }
+            // A log long enough that reading it again takes a while.
+            let filler = (0..<30000).map { i in
+                OutboundMessage(
+                    exchange: "frontdesk.status", routingKey: "status.yemaya.board-prep.drafted",
+                    body: Data(#"{"dispatchId":"filler-\#(i)","seq":1,"state":"drafted","at":"2026-12-04T12:00:00.000Z","user":"bob","input":"x"}"#.utf8),
+                    properties: .persistentJSON(messageID: "filler-\(i)/1", correlationID: "filler-\(i)", type: "frontdesk.status.v1"))
+            }
+            for chunk in stride(from: 0, to: filler.count, by: 500) {
+                _ = try await h.channel.publish(Array(filler[chunk..<min(filler.count, chunk + 500)]))
+            }
+            try await event(1, "drafted")
+            try await waitUntil("the gateway to know rc-1", within: .seconds(20)) {
+                (try? await gw.call("GET", "/v1/dispatches/rc-1").status) == 200
+            }
+            let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/rc-1/events", token: TestGateway.tokens["alice"])
+            _ = try await sse.waitFor("drafted") { !$0.isEmpty }
+            func logReads() async throws -> Double {
+                let text = try await h.metrics(gw.process)
+                let line = text.split(separator: "\n").first { $0.hasPrefix("frontdesk_gateway_log_reads_total ") }
+                return Double(line?.split(separator: " ").last ?? "") ?? -1
+            }
+            // The whole log read (the filler, rc-1's event, the start's marker) before the reconnect.
+            try await waitUntil("the gateway to read the log", within: .seconds(30)) { (try? await logReads()) ?? 0 >= 30002 }
+            let readBefore = try await logReads()
+            // Drop the gateway's connection (not its alarm probe's).
+            func gatewayConnection() throws -> String? {
+                let rows = try TestBroker.script(["ctl", "list_connections", "pid", "vhost", "client_properties", "--silent"])
+                return rows.split(separator: "\n").first {
+                    $0.contains("\t\(h.vhost)\t") && $0.contains("\"frontdesk-gateway@") && !$0.contains("(alarm probe)")
+                }?.split(separator: "\t").first.map(String.init)
+            }
+            let name = try #require(try gatewayConnection())  // its pid: what close_connection takes
+            _ = try TestBroker.script(["ctl", "close_connection", name, "test"])
+            try await event(2, "routing")  // while it is away (or just back): the log has it
+            try await waitUntil("the gateway to connect again", within: .seconds(20)) {
+                guard let now = try? gatewayConnection() else { return false }
+                return now != name
+            }
+            try await waitUntil("the gateway's consumers to start again", within: .seconds(20)) {
+                (try? await logReads()) ?? 0 > readBefore
+            }
+            try await event(3, "sending")
+            try await event(4, "replied")
+            try await waitUntil("the stream to end", within: .seconds(20)) { sse.isClosed }
+            #expect(sse.events.compactMap(\.id) == ["1", "2", "3", "4"], "\(sse.events.map { "\($0.id ?? "?") \($0.event ?? "?")" })")
+            // The reconnect read on from where the log was left, not the whole window again.
+            let readAfter = try await logReads()
+            #expect(readAfter - readBefore < 100, "read \(readAfter - readBefore) messages of the log again")
+        }
+    }
+
     /// A client resuming with a Last-Event-ID beyond any seq the dispatch
     /// has (a stale or made-up one) gets none of its events, but its stream
     /// still ends with the dispatch: after the terminal event, not never.
