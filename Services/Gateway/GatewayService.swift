@@ -49,8 +49,26 @@ final class GatewayService: Service {
         /// before those would put a higher seq ahead of them (a client drops
         /// the lower ones that follow).
         var liveHeld = true
+        var heldSince = ContinuousClock.now
     }
     private let logPosition = Mutex(LogPosition())
+    /// A catch-up that takes longer (the log consumer failed to start again,
+    /// or its offset is past the end of a log declared anew) is given up:
+    /// live events are taken again, and the next start reads the log from
+    /// the lifetime window's start.
+    static let maxCatchUp = Duration.seconds(15)
+
+    /// Each start of either consumer: live copies are held until a new
+    /// marker comes back by the log (consumers start in any order).
+    private func beginCatchUp() {
+        let marker = "gateway-\(UUID().uuidString)"
+        logPosition.withLock { p in
+            p.marker = marker
+            p.liveHeld = true
+            p.heldSince = .now
+        }
+        Task { await writeMarker(marker) }
+    }
     private let stopped = Atomic<Bool>(false)
     private let stopSignal: AsyncStream<Void>.Continuation
     private let stopStream: AsyncStream<Void>
@@ -93,20 +111,17 @@ final class GatewayService: Service {
                 queue: SharedTopology.statusLog, prefetchCount: 1000,
                 argumentsOnStart: { [self] in
                     // Each start: from the lifetime window's start the first
-                    // time, after the last event read since; a new marker to
-                    // catch up to, with live events held until then.
-                    let marker = "gateway-\(UUID().uuidString)"
-                    let next = logPosition.withLock { p in
-                        p.marker = marker
-                        p.liveHeld = true
-                        return p.next
-                    }
-                    Task { await writeMarker(marker) }
+                    // time, after the last event read since.
+                    beginCatchUp()
+                    let next = logPosition.withLock { $0.next }
                     return ["x-stream-offset": next.map { .int64($0) } ?? .timestamp(since)]
                 }),
             deliver: { [self] d in
                 state.metrics.logReads.increment()
-                if let offset = d.properties.headers?["x-stream-offset"]?.intValue, offset < Int64.max {
+                // The broker sets the first `x-stream-offset` (a publisher may add more after it).
+                if let offset = d.properties.headers?.entries.first(where: { $0.key == "x-stream-offset" })?.value.intValue,
+                    offset < Int64.max
+                {
                     logPosition.withLock { $0.next = offset + 1 }
                 }
                 if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
@@ -127,11 +142,26 @@ final class GatewayService: Service {
         // is first counts, the book drops the other. While the log catches up
         // (after each start) the live copies are left to it.
         let stopLive = await client.consume(
-            ConsumerSpecification(queue: settings.liveQueue, prefetchCount: 1000, exclusive: true),
+            ConsumerSpecification(
+                queue: settings.liveQueue, prefetchCount: 1000, exclusive: true,
+                argumentsOnStart: { [self] in
+                    beginCatchUp()
+                    return nil
+                }),
             deliver: { [self] d in
-                if d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d),
-                    !logPosition.withLock({ $0.liveHeld })
-                {
+                var gaveUp = false
+                let held = logPosition.withLock { p -> Bool in
+                    if p.liveHeld, ContinuousClock.now - p.heldSince > Self.maxCatchUp {
+                        p.liveHeld = false
+                        p.next = nil
+                        gaveUp = true
+                    }
+                    return p.liveHeld
+                }
+                if gaveUp {
+                    logger.warning("the status log did not catch up within \(Self.maxCatchUp): live events are taken again, and the log is read from the lifetime window's start at its next start")
+                }
+                if !held, d.properties.type == StatusEvent.type, SharedTopology.cameByTheStatusExchange(d) {
                     publishDeferred(state.take(d.body, messageID: d.properties.messageID, now: Date()))
                 }
                 try? d.ack()
