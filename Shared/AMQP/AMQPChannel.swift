@@ -22,11 +22,7 @@ public struct AMQPChannel: Sendable {
     /// A new channel on the same connection: for going on after the broker
     /// closed this one (a 404 or 406 of a declare).
     public func reopened() async throws -> AMQPChannel {
-        let (id, epoch) = try await core.perform { loop in
-            let ch = try loop.openChannel()
-            return (ch.id, ch.epoch)
-        }
-        return AMQPChannel(core: core, id: id, epoch: epoch)
+        try await core.openChannel()
     }
 
     // MARK: Exchanges
@@ -241,5 +237,16 @@ public struct AMQPChannel: Sendable {
         _ = try? await core.perform { loop in
             if let ch = try? loop.channel(id, epoch: epoch) { loop.closeChannel(ch) }
         }
+    }
+}
+
+extension ConnectionCore {
+    /// A new channel on this connection (`AMQPConnection.openChannel`, `AMQPChannel.reopened`).
+    func openChannel() async throws -> AMQPChannel {
+        let (id, epoch) = try await perform { loop in
+            let ch = try loop.openChannel()
+            return (ch.id, ch.epoch)
+        }
+        return AMQPChannel(core: self, id: id, epoch: epoch)
     }
 }

@@ -38,11 +38,7 @@ public final class AMQPConnection: Sendable {
     }
 
     public func openChannel() async throws -> AMQPChannel {
-        let (id, epoch) = try await core.perform { loop in
-            let ch = try loop.openChannel()
-            return (ch.id, ch.epoch)
-        }
-        return AMQPChannel(core: core, id: id, epoch: epoch)
+        try await core.openChannel()
     }
 
     /// Opens a channel, runs `body` with it and closes it.

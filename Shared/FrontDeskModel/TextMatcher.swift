@@ -12,7 +12,7 @@ struct NormalizedText: Sendable {
     /// without diacritics, compatibility forms folded ("ｆｕｌｌ" → "full"),
     /// split on anything that is not a letter or a digit. ASCII takes a fast
     /// path; other scalars are folded one by one.
-    static func words<S: StringProtocol>(of text: S) -> [String] {
+    static func words(of text: String) -> [String] {
         var words: [String] = []
         scan(text) { word, _ in words.append(word) }
         return words
@@ -30,7 +30,7 @@ struct NormalizedText: Sendable {
 
     /// Calls `found` with each word and the index of its first scalar, in order.
     @inline(__always)
-    private static func scan<S: StringProtocol>(_ text: S, _ found: (String, String.Index) -> Void) {
+    private static func scan(_ text: String, _ found: (String, String.Index) -> Void) {
         // The current word as UTF-8: appending bytes is far cheaper than
         // appending scalars to a string, and short words stay small strings.
         var current: [UInt8] = []

@@ -455,7 +455,7 @@ function refusedLocally(entry, message) {
   render(entry.id);
 }
 
-/// An answer worth trying again later: the gateway starting or pushed back, or a proxy's.
+// An answer worth trying again later: the gateway starting or pushed back, or a proxy's.
 function retryable(status) { return status >= 500 || status === 408 || status === 429; }
 
 let flushing = false;
