@@ -114,12 +114,12 @@ final class GatewayService: Service {
                     // time, after the last event read since.
                     beginCatchUp()
                     let next = logPosition.withLock { $0.next }
-                    return ["x-stream-offset": next.map { .int64($0) } ?? .timestamp(since)]
+                    return [AMQPStream.offsetArgument: next.map { .int64($0) } ?? .timestamp(since)]
                 }),
             deliver: { [self] d in
                 state.metrics.logReads.increment()
                 // The broker sets the first `x-stream-offset` (a publisher may add more after it).
-                if let offset = d.properties.headers?.entries.first(where: { $0.key == "x-stream-offset" })?.value.intValue,
+                if let offset = d.properties.headers?.entries.first(where: { $0.key == AMQPStream.offsetArgument })?.value.intValue,
                     offset < Int64.max
                 {
                     logPosition.withLock { $0.next = offset + 1 }

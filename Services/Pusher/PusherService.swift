@@ -119,7 +119,7 @@ final class PusherService: Service {
         let marker = "pusher-\(UUID().uuidString)"
         let since = UInt64(max(0, Date().timeIntervalSince1970 - Double(settings.lifetimeSeconds) - 300))
         let stopTokens = await client.consume(
-            ConsumerSpecification(queue: PusherTopology.tokens, prefetchCount: 1000, arguments: ["x-stream-offset": .timestamp(since)]),
+            ConsumerSpecification(queue: PusherTopology.tokens, prefetchCount: 1000, arguments: [AMQPStream.offsetArgument: .timestamp(since)]),
             deliver: { [self] d in
                 takeTokenRecord(d, marker: marker)
                 try? d.ack()

@@ -82,7 +82,7 @@ final class DecisionLog: Sendable {
     func follow() async {
         let (ended, endedContinuation) = AsyncStream<Void>.makeStream()
         _ = await client.consume(
-            ConsumerSpecification(queue: RouterTopology.decisionLog, prefetchCount: 2000, arguments: ["x-stream-offset": "first"]),
+            ConsumerSpecification(queue: RouterTopology.decisionLog, prefetchCount: 2000, arguments: [AMQPStream.offsetArgument: "first"]),
             deliver: { [self] delivery in
                 ingest(delivery)
                 // A stream consumer's acks are credit: give it back 100 records at a time.

@@ -476,7 +476,7 @@ final class SenderService: Service {
         let channel = try await connection.openChannel()
         defer { Task { await channel.close() } }
         try await channel.qos(prefetchCount: 1000)
-        let consumer = try await channel.consume(queue: SenderTopology.commands, arguments: ["x-stream-offset": "first"])
+        let consumer = try await channel.consume(queue: SenderTopology.commands, arguments: [AMQPStream.offsetArgument: "first"])
         let marker = "marker-\(UUID().uuidString)"
         try await publisher.publish(OutboundMessage(
             exchange: "", routingKey: SenderTopology.commands, body: Data(),
@@ -570,7 +570,7 @@ final class StatusLogReader: Sendable {
         let channel = try await connection.openChannel()
         try await channel.qos(prefetchCount: 2000)
         let since = UInt64(Date().timeIntervalSince1970).subtractingClamped(UInt64(clamping: lifetimeSeconds) &+ 60)
-        let consumer = try await channel.consume(queue: SenderTopology.statusLog, arguments: ["x-stream-offset": .timestamp(since)])
+        let consumer = try await channel.consume(queue: SenderTopology.statusLog, arguments: [AMQPStream.offsetArgument: .timestamp(since)])
         let ended = Flag()
         let reader = Task {
             defer {

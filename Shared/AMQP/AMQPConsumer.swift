@@ -16,3 +16,11 @@ public struct AMQPConsumer: AsyncSequence, Sendable {
         try await channel.cancel(consumerTag: consumerTag)
     }
 }
+
+/// RabbitMQ streams, as AMQP 0-9-1 sees them.
+public enum AMQPStream {
+    /// The consume argument that says where in a stream a consumer starts
+    /// ("first", "last", "next", an offset or a timestamp), and the header
+    /// on each delivery that says the message's own offset.
+    public static let offsetArgument = "x-stream-offset"
+}

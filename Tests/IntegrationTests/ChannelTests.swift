@@ -125,6 +125,76 @@ extension BrokerIntegration {
             }
             await connection.close()
         }
+
+        /// A stream with `count` small messages, published and confirmed.
+        private func stream(_ name: String, count: Int, on channel: AMQPChannel) async throws -> String {
+            let queue = TestBroker.uniqueName(name)
+            try await channel.queueDeclare(queue, arguments: ["x-queue-type": "stream"])
+            try await channel.confirmSelect()
+            let results = try await channel.publish((0..<count).map {
+                OutboundMessage(exchange: "", routingKey: queue, body: Data("\($0)".utf8))
+            })
+            #expect(results.allSatisfy { (try? $0.get()) != nil })
+            return queue
+        }
+
+        /// Deletes `queue` on a connection of its own (the test's may have ended).
+        private func deleteLater(_ queue: String) async {
+            guard let cleanup = try? await TestBroker.connect("stream-cleanup") else { return }
+            _ = try? await cleanup.openChannel().queueDelete(queue)
+            await cleanup.close()
+        }
+
+        /// A stream consumer cancelled while the broker still sends it
+        /// deliveries: those that come after the cancel are not handed back
+        /// with basic.reject, which RabbitMQ answers by closing the whole
+        /// connection (540). Four partitions replaying one stream at once
+        /// hit this; the term whose connection it closed waited 30 s.
+        @Test func aStreamConsumerCancelledMidFlowKeepsItsConnection() async throws {
+            let connection = try await TestBroker.connect("stream-cancel")
+            defer { Task { await connection.close() } }
+            let setup = try await connection.openChannel()
+            let queue = try await stream("stream-cancel", count: 2000, on: setup)
+            defer { Task { await deleteLater(queue) } }
+            let channel = try await connection.openChannel()
+            try await channel.qos(prefetchCount: 2000)
+            let consumer = try await channel.consume(queue: queue, arguments: [AMQPStream.offsetArgument: "first"])
+            var iterator = consumer.makeAsyncIterator()
+            let first = try #require(try await iterator.next())
+            #expect(String(decoding: first.body, as: UTF8.self) == "0")
+            try await consumer.cancel()
+            // A round trip after the cancel, on another channel: the broker
+            // reads it after whatever the cancel's stragglers caused.
+            let counts = try await setup.queueDeclare(queue, passive: true)
+            #expect(counts.consumerCount == 0)
+            #expect(connection.isOpen)
+            // The channel goes on too: a new consumer reads the stream from its start.
+            let again = try await channel.consume(queue: queue, arguments: [AMQPStream.offsetArgument: "first"])
+            var next = again.makeAsyncIterator()
+            #expect(try await next.next().map { String(decoding: $0.body, as: UTF8.self) } == "0")
+            #expect(connection.isOpen)
+        }
+
+        /// A channel close whose answer is the connection's end (here a
+        /// reject sent to a stream just before it) ends the connection at
+        /// once: it did not look closed until the broker gave up waiting for
+        /// our close-ok, 30 s later.
+        @Test func aChannelCloseAnsweredByTheConnectionsEndEndsItAtOnce() async throws {
+            let connection = try await TestBroker.connect("close-answered")
+            defer { Task { await connection.close() } }
+            let setup = try await connection.openChannel()
+            let queue = try await stream("close-answered", count: 1, on: setup)
+            defer { Task { await deleteLater(queue) } }
+            let channel = try await connection.openChannel()
+            try await channel.qos(prefetchCount: 10)
+            let consumer = try await channel.consume(queue: queue, arguments: [AMQPStream.offsetArgument: "first"])
+            var iterator = consumer.makeAsyncIterator()
+            let delivery = try #require(try await iterator.next())
+            // Buffered, it goes out with the close, which the broker answers with connection.close.
+            try delivery.reject(requeue: true)
+            await channel.close()
+            try await waitUntil("the connection is seen closed", within: .seconds(5)) { !connection.isOpen }
+        }
     }
 }
 

@@ -199,6 +199,13 @@ final class ChannelState {
     var confirming = false
     var pending = PendingWindow()
     var consumers: [String: ConsumerSink] = [:]
+    /// Consumers (live or cancelled) whose deliveries must never be handed
+    /// back with basic.reject: no-ack ones (nothing to settle) and those of a
+    /// stream (RabbitMQ answers a reject there by closing the whole
+    /// connection, 540 NOT_IMPLEMENTED). A delivery of theirs that races with
+    /// the cancel is left alone: it goes nowhere, and the channel's close
+    /// forgets it.
+    var neverRejected: Set<String> = []
     /// Set by `AMQPChannel.closeWhenSettled`: the connection's sweep closes
     /// the channel once nothing waits for a confirm, a sweep or more later.
     var closeWhenSettled: ContinuousClock.Instant?

@@ -151,7 +151,9 @@ extension ConnectionLoop {
     ) {
         guard let ch = channels[channelID], ch.closedError == nil else { return }
         guard let sink = ch.consumers[consumerTag] else {
-            // A delivery that raced with a cancel: hand it back to the queue.
+            // A delivery that raced with a cancel: handed back to its queue
+            // (a stream's or a no-ack one is left alone, see `neverRejected`).
+            guard !ch.neverRejected.contains(consumerTag) else { return }
             flushOutput()
             if failure == nil { _ = amqp_basic_reject(conn, channelID, deliveryTag, 1) }
             return

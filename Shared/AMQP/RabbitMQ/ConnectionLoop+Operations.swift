@@ -209,6 +209,8 @@ extension ConnectionLoop {
         guard let ok else { throw AMQPError(.library, "consuming from '\(queue)': no consume-ok") }
         let tag = ok.pointee.consumer_tag.string
         ch.consumers[tag] = sink
+        // A stream consumer is one that names where in the stream it starts.
+        if noAck || arguments?[AMQPStream.offsetArgument] != nil { ch.neverRejected.insert(tag) }
         return tag
     }
 

@@ -313,7 +313,11 @@ final class ConnectionLoop {
         guard channels[ch.id] === ch else { return }
         flushOutput()
         if ch.closedError == nil, failure == nil, !droppedWhileBlocked() {
-            _ = amqp_channel_close(conn, ch.id, Int32(AMQP_REPLY_SUCCESS))
+            // The answer may be the connection's end instead of close-ok (an
+            // error of something sent just before): ignored, the connection
+            // would look open while the broker waits 30 s for our close-ok.
+            let reply = amqp_channel_close(conn, ch.id, Int32(AMQP_REPLY_SUCCESS))
+            try? check(reply, channel: nil, "closing channel \(ch.id)")
         }
         ch.fail(AMQPError(.channelClosed, "channel \(ch.id) was closed"))
         channels[ch.id] = nil
