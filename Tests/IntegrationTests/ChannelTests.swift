@@ -102,6 +102,30 @@ extension BrokerIntegration {
             await connection.close()
         }
 
+        /// Our channel.close crossing the broker's (a publish to a missing
+        /// exchange flushed just before it): the broker's close is answered,
+        /// so the channel's number opens again. Unanswered, the broker kept it
+        /// closing and ignored the next channel.open on it, which waited out
+        /// the RPC timeout and ended the connection.
+        @Test func aCloseThatCrossesTheBrokersCloseLeavesItsNumberUsable() async throws {
+            var url = TestBroker.url
+            url.channelMax = 3
+            let connection = try await AMQPConnection.connect(TestBroker.configuration("crossed-close", url: url))
+            defer { Task { await connection.close() } }
+            let first = try await connection.openChannel()
+            _ = first.publishWithoutWaiting([OutboundMessage(exchange: TestBroker.uniqueName("nope"), routingKey: "x", body: Data())])
+            await first.close()
+            // Numbers 2 and 3, then the first one's again.
+            let others = [try await connection.openChannel(), try await connection.openChannel()]
+            let started = ContinuousClock.now
+            let reused = try await connection.openChannel()
+            #expect(reused.id == first.id)
+            #expect(ContinuousClock.now - started < .seconds(2))
+            try await reused.queueDeclare(TestBroker.uniqueName("crossed"), durable: false, exclusive: true)
+            #expect(connection.isOpen)
+            for c in others { await c.close() }
+        }
+
         @Test func exchangesBindUnbindPurgeAndDelete() async throws {
             let connection = try await TestBroker.connect("exchanges")
             let channel = try await connection.openChannel()

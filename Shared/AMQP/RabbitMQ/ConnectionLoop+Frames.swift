@@ -76,6 +76,8 @@ extension ConnectionLoop {
                     .channelClosed,
                     "the broker closed channel \(channelID): \(AMQPError.describeReply(m.reply_code, m.reply_text.string))",
                     replyCode: m.reply_code))
+            } else {
+                sendChannelCloseOK(channelID)  // one we let go of without a close of our own
             }
         case FD_CONNECTION_CLOSE:
             let m = method.decoded.assumingMemoryBound(to: amqp_connection_close_t.self).pointee

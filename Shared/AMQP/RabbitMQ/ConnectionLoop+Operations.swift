@@ -210,7 +210,11 @@ extension ConnectionLoop {
         let tag = ok.pointee.consumer_tag.string
         ch.consumers[tag] = sink
         // A stream consumer is one that names where in the stream it starts.
-        if noAck || arguments?[AMQPStream.offsetArgument] != nil { ch.neverRejected.insert(tag) }
+        if noAck || arguments?[AMQPStream.offsetArgument] != nil {
+            ch.neverRejected.insert(tag)
+        } else {
+            ch.neverRejected.remove(tag)  // a tag of the caller's, used before by such a consumer
+        }
         return tag
     }
 

@@ -313,11 +313,13 @@ final class ConnectionLoop {
         guard channels[ch.id] === ch else { return }
         flushOutput()
         if ch.closedError == nil, failure == nil, !droppedWhileBlocked() {
-            // The answer may be the connection's end instead of close-ok (an
-            // error of something sent just before): ignored, the connection
-            // would look open while the broker waits 30 s for our close-ok.
+            // The answer may be the broker's own close of the channel or of
+            // the connection (an error of something flushed just before),
+            // each answered with its close-ok here: unanswered, the channel's
+            // number would stay unusable, or the connection would look open
+            // while the broker waited 30 s for us.
             let reply = amqp_channel_close(conn, ch.id, Int32(AMQP_REPLY_SUCCESS))
-            try? check(reply, channel: nil, "closing channel \(ch.id)")
+            try? check(reply, channel: ch, "closing channel \(ch.id)")
         }
         ch.fail(AMQPError(.channelClosed, "channel \(ch.id) was closed"))
         channels[ch.id] = nil
@@ -359,14 +361,20 @@ final class ConnectionLoop {
     }
 
     func brokerClosedChannel(_ ch: ChannelState, _ error: AMQPError) {
-        flushOutput()
-        if failure == nil {
-            var ok = amqp_channel_close_ok_t()
-            _ = amqp_send_method(conn, ch.id, FD_CHANNEL_CLOSE_OK, &ok)
-        }
+        sendChannelCloseOK(ch.id)
         ch.fail(error)
         channels[ch.id] = nil
         arriving[ch.id] = nil  // a message half arrived on it is the broker's again
+    }
+
+    /// Answers the broker's channel.close: until then it keeps the number
+    /// closing and ignores everything else sent on it (a later channel.open too).
+    func sendChannelCloseOK(_ id: UInt16) {
+        flushOutput()
+        if failure == nil {
+            var ok = amqp_channel_close_ok_t()
+            _ = amqp_send_method(conn, id, FD_CHANNEL_CLOSE_OK, &ok)
+        }
     }
 
     func brokerClosedConnection(code: UInt16, text: String, context: String) -> AMQPError {
