@@ -95,7 +95,7 @@ final class RouterHarness: @unchecked Sendable {
             if ContinuousClock.now >= deadline {
                 statusCursor = end
                 let seen = deliveries.map { "\($0.properties.messageID ?? "?")@\($0.routingKey)" }
-                Issue.record("timed out after \(within) waiting for \(what); got \(seen)")
+                Issue.record("timed out after \(within) waiting for \(what); got \(seen)\(serviceLogTail())")
                 return deliveries
             }
             try await Task.sleep(for: .milliseconds(20))
@@ -158,12 +158,36 @@ final class RouterHarness: @unchecked Sendable {
         return (shown, strays)
     }
 
-    /// Waits until a condition holds, or fails the test with `what` at the deadline.
+    /// Waits until a condition holds, or fails the test with `what` (and
+    /// the tail of this test's service logs) at the deadline.
     func waitUntil(
         _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
         _ condition: () async throws -> Bool
     ) async throws {
-        try await IntegrationTests.waitUntil(what, within: within, sourceLocation: sourceLocation, condition)
+        let deadline = ContinuousClock.now + within
+        while !(try await condition()) {
+            if ContinuousClock.now >= deadline {
+                Issue.record("timed out after \(within) waiting until \(what)\(serviceLogTail())", sourceLocation: sourceLocation)
+                return
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    /// With FRONTDESK_TEST_LOG_DIR (as CI runs): the last lines of this
+    /// test's service logs, for a failure to say what the services did (CI
+    /// shows the failing test's issues first, and only part of the rest).
+    func serviceLogTail(lines: Int = 12) -> String {
+        guard let dir = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"],
+            let files = try? FileManager.default.contentsOfDirectory(atPath: dir)
+        else { return "" }
+        var tail = ""
+        for file in files.sorted() where file.hasPrefix("\(vhost)-") {
+            guard let text = try? String(contentsOfFile: "\(dir)/\(file)", encoding: .utf8) else { continue }
+            let last = text.split(separator: "\n").filter { !$0.contains(#""level":"debug""#) }.suffix(lines)
+            tail += "\n--- \(file), last \(last.count) lines:\n" + last.map { String($0.prefix(400)) }.joined(separator: "\n")
+        }
+        return tail
     }
 
     /// The sender `p` says it leads (the gauge's own line: its HELP text
