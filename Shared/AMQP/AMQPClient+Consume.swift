@@ -53,19 +53,40 @@ final class ConsumerRegistration: Sendable {
             let tag = try await channel.consume(
                 queue: specification.queue, consumerTag: "", noAck: false, exclusive: specification.exclusive,
                 arguments: specification.argumentsOnStart?() ?? specification.arguments, sink: sink)
-            active.withLock { $0 = (channel, tag) }
+            let replaced = active.withLock { a -> AMQPChannel? in
+                defer { a = (channel, tag) }
+                return a?.channel
+            }
+            // After a broker cancel, the old channel consumes nothing: closed
+            // once what it delivered has had time to be acked (a later ack
+            // fails, and the message comes again). Left open, each restart
+            // kept one more channel. (One of an ended connection is closed already.)
+            if let replaced {
+                Task {
+                    try? await Task.sleep(for: Self.replacedChannelGrace)
+                    await replaced.close()
+                }
+            }
         } catch {
             await channel.close()
             throw error
         }
     }
 
+    /// How long the channel of a consumer the broker cancelled stays open after its restart.
+    static let replacedChannelGrace = Duration.seconds(5)
+
     /// basic.cancel, then the consumer ends after what it already holds.
     func stop() async {
+        await cancelActive()
+        ended()
+    }
+
+    /// basic.cancel of the current consumer, if any.
+    func cancelActive() async {
         if let a = active.withLock({ $0 }) {
             try? await a.channel.cancel(consumerTag: a.tag)
         }
-        ended()
     }
 
     func finish() { ended() }
@@ -128,15 +149,37 @@ extension AMQPClient {
 
     private func start(_ registration: ConsumerRegistration, on connection: AMQPConnection) async throws {
         try await registration.start(on: connection) { [weak self] error in
-            // The broker cancelled it (queue deleted, leader moved): try again shortly on the same connection.
+            // The broker cancelled it (queue deleted, leader moved): started again on the same connection.
             guard let self else { return }
             self.onEvent(.consumerRestartFailed(queue: registration.specification.queue, error))
-            Task {
-                try? await Task.sleep(for: .seconds(1))
-                let stillCurrent = self.state.withLock { s in
-                    s.live?.connection === connection && s.consumers.values.contains { $0 === registration }
-                }
-                if stillCurrent { try? await self.start(registration, on: connection) }
+            Task { await self.restart(registration, on: connection) }
+        }
+    }
+
+    /// How a consumer the broker cancelled is tried again: after a second,
+    /// then less often, up to every 5 s.
+    static let consumerRestartBackoff = Backoff(baseMs: 1000, maxMs: 5000)
+
+    /// Starts a consumer the broker cancelled again, for as long as it
+    /// takes (its queue deleted and declared again later, say), while the
+    /// connection and the consumer last. One try that failed used to be the
+    /// last: the consumer stayed silent until the next connection.
+    private func restart(_ registration: ConsumerRegistration, on connection: AMQPConnection) async {
+        func isCurrent() -> Bool {
+            state.withLock { s in s.live?.connection === connection && s.consumers.values.contains { $0 === registration } }
+        }
+        var attempt = 0
+        while true {
+            attempt += 1
+            try? await Task.sleep(for: .milliseconds(Self.consumerRestartBackoff.delayMs(afterAttempt: attempt)))
+            guard isCurrent(), connection.isOpen else { return }
+            do {
+                try await start(registration, on: connection)
+                // Stopped while it started: the new consumer is cancelled too.
+                if !isCurrent() { await registration.cancelActive() }
+                return
+            } catch {
+                onEvent(.consumerRestartFailed(queue: registration.specification.queue, error as? AMQPError ?? AMQPError(.library, "\(error)")))
             }
         }
     }

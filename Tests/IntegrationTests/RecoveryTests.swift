@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import Synchronization
 import Testing
 
 extension BrokerIntegration {
@@ -72,6 +73,56 @@ extension BrokerIntegration {
             }
             // The topology was declared again: the queue is there and usable.
             try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("after".utf8), mandatory: true))
+            try await client.withChannel { try await $0.queueDelete(queue) }
+            await client.shutdown()
+            await runner.value
+        }
+
+        /// A consumer the broker cancelled (its queue deleted) starts again
+        /// once its queue is back, however long that takes, on a new channel;
+        /// the old channel is closed. One failed try used to be the last (the
+        /// consumer stayed silent until the next connection), and each
+        /// restart kept its old channel open.
+        @Test func aConsumerWhoseQueueWasDeletedResumesWhenItIsBackAndKeepsNoOldChannel() async throws {
+            final class Seen: Sendable {
+                let bodies = Mutex<[String]>([])
+                let restartFailures = Atomic<Int>(0)
+            }
+            let seen = Seen()
+            let queue = TestBroker.uniqueName("cancelled")
+            let name = "cancelled-\(UUID().uuidString.prefix(6))"
+            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration(name))
+            configuration.reconnectBackoff = Backoff(baseMs: 100, maxMs: 1000)
+            let client = AMQPClient(configuration: configuration, topology: { channel in
+                try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+            }, onEvent: { event in
+                if case .consumerRestartFailed = event { seen.restartFailures.add(1, ordering: .relaxed) }
+            })
+            func channels() throws -> Int? {
+                try TestBroker.script(["ctl", "list_connections", "-q", "channels", "client_properties"])
+                    .split(separator: "\n").first { $0.contains("frontdesk-test:\(name)") }
+                    .flatMap { Int($0.prefix { $0 != "\t" }) }
+            }
+            let runner = Task { await client.run() }
+            try await client.waitUntilConnected()
+            let stop = await client.consume(ConsumerSpecification(queue: queue, prefetchCount: 10), deliver: { d in
+                seen.bodies.withLock { $0.append(String(decoding: d.body, as: UTF8.self)) }
+                try? d.ack()
+            }, ended: {})
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("before".utf8)))
+            try await waitUntil("the first message is consumed") { seen.bodies.withLock { $0 } == ["before"] }
+            let before = try #require(try channels())
+            _ = try await client.withChannel { try await $0.queueDelete(queue) }
+            // The broker's cancel, then at least two tries that find no queue.
+            // (Declared again at once, a quorum queue's consumer may get no cancel at all.)
+            try await waitUntil("the cancel and two failed restarts") { seen.restartFailures.load(ordering: .relaxed) >= 3 }
+            try await client.withChannel { _ = try await $0.queueDeclare(queue, arguments: ["x-queue-type": "quorum"]) }
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("after".utf8), mandatory: true))
+            try await waitUntil("the consumer takes the message sent once the queue is back") {
+                seen.bodies.withLock { $0 } == ["before", "after"]
+            }
+            try await waitUntil("the connection is back to its \(before) channels") { try channels() == before }
+            await stop()
             try await client.withChannel { try await $0.queueDelete(queue) }
             await client.shutdown()
             await runner.value
