@@ -32,8 +32,8 @@ final class ConsumerRegistration: Sendable {
     let deliver: @Sendable (AMQPDelivery) -> Void
     /// Runs once the consumer is stopped or the client shut down.
     private let ended: @Sendable () -> Void
-    /// The channel and tag it consumes with on the current connection.
-    private let active = Mutex<(channel: AMQPChannel, tag: String)?>(nil)
+    /// The connection, channel and tag it consumes with now.
+    private let active = Mutex<(connection: AMQPConnection, channel: AMQPChannel, tag: String)?>(nil)
 
     init(specification: ConsumerSpecification, deliver: @escaping @Sendable (AMQPDelivery) -> Void, ended: @escaping @Sendable () -> Void) {
         self.specification = specification
@@ -53,9 +53,15 @@ final class ConsumerRegistration: Sendable {
             let tag = try await channel.consume(
                 queue: specification.queue, consumerTag: "", noAck: false, exclusive: specification.exclusive,
                 arguments: specification.argumentsOnStart?() ?? specification.arguments, sink: sink)
+            // Its connection ended meanwhile (another may have started it
+            // anew already): this start counts for nothing.
+            guard connection.isOpen else {
+                await channel.close()
+                throw AMQPError(.connectionClosed, "the connection ended while consuming from '\(specification.queue)' started")
+            }
             let replaced = active.withLock { a -> AMQPChannel? in
-                defer { a = (channel, tag) }
-                return a?.channel
+                defer { a = (connection, channel, tag) }
+                return a.flatMap { $0.connection === connection ? $0.channel : nil }
             }
             // After a broker cancel, the old channel consumes nothing: closed
             // once what it delivered has had time to be acked (a later ack
@@ -86,6 +92,14 @@ final class ConsumerRegistration: Sendable {
     func cancelActive() async {
         if let a = active.withLock({ $0 }) {
             try? await a.channel.cancel(consumerTag: a.tag)
+        }
+    }
+
+    /// Closes the channel of a consumer that started after its stop: what
+    /// it was sent goes back to the queue (its deliveries went to an end).
+    func closeActive(on connection: AMQPConnection) async {
+        if let a = active.withLock({ $0 }), a.connection === connection {
+            await a.channel.close()
         }
     }
 
@@ -156,9 +170,9 @@ extension AMQPClient {
         }
     }
 
-    /// How a consumer the broker cancelled is tried again: after a second,
-    /// then less often, up to every 5 s.
-    static let consumerRestartBackoff = Backoff(baseMs: 1000, maxMs: 5000)
+    /// How a consumer the broker cancelled is tried again: after about a
+    /// second, then less often, up to every 15 s (each failed try is logged).
+    static let consumerRestartBackoff = Backoff(baseMs: 1000, maxMs: 15_000)
 
     /// Starts a consumer the broker cancelled again, for as long as it
     /// takes (its queue deleted and declared again later, say), while the
@@ -174,9 +188,13 @@ extension AMQPClient {
             try? await Task.sleep(for: .milliseconds(Self.consumerRestartBackoff.delayMs(afterAttempt: attempt)))
             guard isCurrent(), connection.isOpen else { return }
             do {
+                // Only once its queue is there: a start asks the consumer for
+                // its arguments, and that may begin work of its own (the
+                // gateway holds its live events until its log catches up).
+                _ = try await connection.withChannel { try await $0.queueDeclare(registration.specification.queue, passive: true) }
                 try await start(registration, on: connection)
-                // Stopped while it started: the new consumer is cancelled too.
-                if !isCurrent() { await registration.cancelActive() }
+                // Stopped while it started: its channel is closed, and what it was sent goes back.
+                if !isCurrent() { await registration.closeActive(on: connection) }
                 return
             } catch {
                 onEvent(.consumerRestartFailed(queue: registration.specification.queue, error as? AMQPError ?? AMQPError(.library, "\(error)")))
