@@ -164,14 +164,7 @@ final class RouterHarness: @unchecked Sendable {
         _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
         _ condition: () async throws -> Bool
     ) async throws {
-        let deadline = ContinuousClock.now + within
-        while !(try await condition()) {
-            if ContinuousClock.now >= deadline {
-                Issue.record("timed out after \(within) waiting until \(what)\(serviceLogTail())", sourceLocation: sourceLocation)
-                return
-            }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await IntegrationTests.waitUntil(what, within: within, sourceLocation: sourceLocation, explain: { serviceLogTail() }, condition)
     }
 
     /// With FRONTDESK_TEST_LOG_DIR (as CI runs): the last lines of this

@@ -54,15 +54,16 @@ enum TestBroker {
     }
 }
 
-/// Waits until `condition` holds, or fails the test with `what` at the deadline.
+/// Waits until `condition` holds, or fails the test with `what` (and what
+/// `explain` adds) at the deadline.
 func waitUntil(
     _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
-    _ condition: () async throws -> Bool
+    explain: () -> String = { "" }, _ condition: () async throws -> Bool
 ) async throws {
     let deadline = ContinuousClock.now + within
     while !(try await condition()) {
         if ContinuousClock.now >= deadline {
-            Issue.record("timed out after \(within) waiting until \(what)", sourceLocation: sourceLocation)
+            Issue.record("timed out after \(within) waiting until \(what)\(explain())", sourceLocation: sourceLocation)
             return
         }
         try await Task.sleep(for: .milliseconds(20))
