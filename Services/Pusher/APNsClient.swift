@@ -8,7 +8,8 @@ import Synchronization
 /// own, one kept-alive connection per host with multiplexed streams. The
 /// completion runs on that thread; it must not block.
 final class APNsClient: Sendable {
-    typealias Completion = @Sendable (_ status: Int, _ body: Data?, _ error: String?) -> Void
+    /// `retryAfter`: the seconds of the answer's `Retry-After`, when it had one.
+    typealias Completion = @Sendable (_ status: Int, _ body: Data?, _ retryAfter: TimeInterval?, _ error: String?) -> Void
 
     private final class Pending: Sendable {
         let waiting = Mutex<[UInt64: Completion]>([:])
@@ -24,12 +25,12 @@ final class APNsClient: Sendable {
         var error = [CChar](repeating: 0, count: 256)
         let started = fd_h2_start(
             caFile,
-            { context, id, status, body, length, error in
+            { context, id, status, body, length, retryAfter, error in
                 guard let context else { return }
                 let pending = Unmanaged<Pending>.fromOpaque(context).takeUnretainedValue()
                 guard let completion = pending.waiting.withLock({ $0.removeValue(forKey: id) }) else { return }
                 let data = body.map { Data(bytes: $0, count: length) }
-                completion(Int(status), data, error.map { String(cString: $0) })
+                completion(Int(status), data, retryAfter > 0 ? TimeInterval(retryAfter) : nil, error.map { String(cString: $0) })
             },
             box.toOpaque(), &error, error.count)
         guard let started else {
@@ -56,7 +57,7 @@ final class APNsClient: Sendable {
             }
         }
         if !queued, let completion = pending.waiting.withLock({ $0.removeValue(forKey: id) }) {
-            completion(0, nil, "the APNs client is stopped")
+            completion(0, nil, nil, "the APNs client is stopped")
         }
     }
 

@@ -373,9 +373,10 @@ final class PusherService: Service {
         let r = registered.registration
         let url = APNs.url(base: settings.apnsURL, environment: r.environment, token: r.pushToken)
         let headers = APNs.headers(bearer: bearer.token, bundleID: settings.bundleID, priority: update.priority, expiration: nil)
-        apns.post(url: url, headers: headers, body: update.payload) { [self] status, body, error in
+        apns.post(url: url, headers: headers, body: update.payload) { [self] status, body, retryAfter, error in
             let now = Date()
-            var (outcome, reason) = APNs.outcome(status: status, body: body, tokenAge: now.timeIntervalSince(bearer.issuedAt))
+            var (outcome, reason) = APNs.outcome(
+                status: status, body: body, tokenAge: now.timeIntervalSince(bearer.issuedAt), retryAfter: retryAfter)
             let current = tokens.withLock { $0[update.dispatchId]?.registration.pushToken }
             if outcome == .gone, current != r.pushToken {
                 // That token was replaced while the push was on its way: the new one stays.

@@ -60,7 +60,7 @@ static void request_free(struct request *r) {
 static void start_request(fd_h2_client *c, struct request *r) {
     CURL *easy = curl_easy_init();
     if (easy == NULL) {
-        c->done(c->context, r->id, 0, NULL, 0, "cannot create a transfer");
+        c->done(c->context, r->id, 0, NULL, 0, 0, "cannot create a transfer");
         request_free(r);
         return;
     }
@@ -89,7 +89,7 @@ static void start_request(fd_h2_client *c, struct request *r) {
     curl_easy_setopt(easy, CURLOPT_PRIVATE, r);
     if (curl_multi_add_handle(c->multi, easy) != CURLM_OK) {
         curl_easy_cleanup(easy);
-        c->done(c->context, r->id, 0, NULL, 0, "cannot start the transfer");
+        c->done(c->context, r->id, 0, NULL, 0, 0, "cannot start the transfer");
         request_free(r);
         return;
     }
@@ -103,16 +103,18 @@ static void finish(fd_h2_client *c, CURL *easy, CURLcode result) {
     curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&r);
     long status = 0;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_off_t retry_after = 0;  // libcurl reads both forms, and gives 0 for none or a malformed one
+    if (curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after) != CURLE_OK || retry_after < 0) retry_after = 0;
     curl_multi_remove_handle(c->multi, easy);
     curl_easy_cleanup(easy);
     if (r == NULL) return;
     if (r->prev_active) r->prev_active->next_active = r->next_active; else c->active = r->next_active;
     if (r->next_active) r->next_active->prev_active = r->prev_active;
     if (result == CURLE_OK) {
-        c->done(c->context, r->id, status, r->response, r->response_length, NULL);
+        c->done(c->context, r->id, status, r->response, r->response_length, (int64_t)retry_after, NULL);
     } else {
         const char *why = r->error[0] ? r->error : curl_easy_strerror(result);
-        c->done(c->context, r->id, 0, NULL, 0, why);
+        c->done(c->context, r->id, 0, NULL, 0, 0, why);
     }
     request_free(r);
 }
@@ -129,7 +131,7 @@ static void *run(void *arg) {
             struct request *next = batch->next;
             batch->next = NULL;
             if (stopping) {
-                c->done(c->context, batch->id, 0, NULL, 0, "the client stopped");
+                c->done(c->context, batch->id, 0, NULL, 0, 0, "the client stopped");
                 request_free(batch);
             } else {
                 start_request(c, batch);

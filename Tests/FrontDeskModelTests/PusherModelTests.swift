@@ -74,6 +74,10 @@ struct PushSchedulerTests {
         // APNs' own Retry-After is honoured when longer.
         _ = s.completed("d", .retry(after: 30), now: t0 + 1, jitter: 0)
         #expect(s.nextDue() == t0 + 31)
+        // One beyond the longest back-off waits that long, not a day.
+        _ = s.due(now: t0 + 31)
+        _ = s.completed("d", .retry(after: 86_400), now: t0 + 31, jitter: 0)
+        #expect(s.nextDue() == t0 + 31 + s.maxBackoff)
     }
 
     /// Another dispatch's push, delivered at `now`: APNs is there.
@@ -272,6 +276,12 @@ struct APNsTests {
         #expect(APNs.outcome(status: 429, body: nil).0 == .retry(after: nil))
         #expect(APNs.outcome(status: 503, body: nil).0 == .retry(after: nil))
         #expect(APNs.outcome(status: 0, body: nil).0 == .retry(after: nil))
+        // The answer's Retry-After goes with a 429 or 5xx; an unusable one is none, and a refusal stays one.
+        #expect(APNs.outcome(status: 429, body: nil, retryAfter: 7).0 == .retry(after: 7))
+        #expect(APNs.outcome(status: 503, body: nil, retryAfter: 2).0 == .retry(after: 2))
+        #expect(APNs.outcome(status: 429, body: nil, retryAfter: .infinity).0 == .retry(after: nil))
+        #expect(APNs.outcome(status: 429, body: nil, retryAfter: -3).0 == .retry(after: nil))
+        #expect(APNs.outcome(status: 400, body: nil, retryAfter: 7).0 == .rejected)
         #expect(APNs.outcome(status: 400, body: Data(#"{"reason":"BadDeviceToken"}"#.utf8)) == (.rejected, "BadDeviceToken"))
         #expect(APNs.outcome(status: 403, body: nil).0 == .rejected)
         // An old token called expired is renewed and the push tried again; a young one would fare no

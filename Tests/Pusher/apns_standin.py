@@ -3,7 +3,8 @@ throw-away CA. It records every request (headers, body, arrival) and
 answers by the device token's first characters:
 
   410…  → 410 {"reason": "Unregistered"}
-  429…  → 429 {"reason": "TooManyRequests"} the first two times, then 200
+  429…  → 429 {"reason": "TooManyRequests"} with `retry-after: 2` the first
+          two times, then 200
   400…  → 400 {"reason": "BadDeviceToken"}
   403…  → 403 {"reason": "ExpiredProviderToken"}, however fresh the token
   503…  → 503 the first time, then 200
@@ -45,6 +46,9 @@ def make_pki(folder):
     run("openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "AuthKey_TEST.p8")
     return {k: os.path.join(folder, v) for k, v in
             {"ca": "ca.pem", "cert": "server.pem", "key": "server.key", "p8": "AuthKey_TEST.p8"}.items()}
+
+
+RETRY_AFTER_S = 2  # what a 429 asks for: longer than the pusher's own first back-offs (0.5 s, then 1 s)
 
 
 def b64url_decode(text):
@@ -129,7 +133,8 @@ class StandIn(threading.Thread):
                 time.sleep(delay)
             data = json.dumps(body).encode() if body else b""
             with send_lock:
-                headers = [(":status", str(status))] + ([("content-type", "application/json")] if data else [])
+                headers = [(":status", str(status))] + ([("content-type", "application/json")] if data else []) \
+                    + ([("retry-after", str(RETRY_AFTER_S))] if status == 429 else [])
                 conn.send_headers(stream_id, headers, end_stream=not data)
                 if data:
                     conn.send_data(stream_id, data, end_stream=True)

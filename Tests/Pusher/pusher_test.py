@@ -191,7 +191,11 @@ def check_failures(b, standin, pusher_port):
     b.dispatch("p-7", SEED)
     wait("p-7's end", lambda: ended(standin, marker))
     assert len(standin.for_token(gone)) == 1, f"after a 410, nothing more: {len(standin.for_token(gone))} requests"
-    assert [r["status"] for r in standin.for_token(busy)][:2] == [429, 429]
+    busy_requests = standin.for_token(busy)
+    assert [r["status"] for r in busy_requests][:3] == [429, 429, 200], [r["status"] for r in busy_requests]
+    # Each 429's Retry-After is waited out (the pusher's own back-off alone would be 0.25–0.5 s, then 0.5–1 s).
+    gaps = [b["at"] - a["at"] for a, b in zip(busy_requests, busy_requests[1:3])]
+    assert all(gap >= apns_standin.RETRY_AFTER_S - 0.1 for gap in gaps), f"Retry-After {apns_standin.RETRY_AFTER_S} s not waited out: gaps {gaps}"
     text = metrics(pusher_port)
     assert 'frontdesk_pusher_rejected_total{reason="BadDeviceToken"}' in text, "400 counted with its reason"
     assert 'frontdesk_pusher_pushes_total{status="410"} 1' in text
@@ -200,7 +204,8 @@ def check_failures(b, standin, pusher_port):
     refused = len(standin.for_token(expired))
     wait("p-10's refusals counted", lambda: f'frontdesk_pusher_rejected_total{{reason="ExpiredProviderToken"}} {refused}' in metrics(pusher_port))
     assert 0 < refused <= len(b.states("p-10")), f"{refused} requests for {len(b.states('p-10'))} events"
-    return (f"410: 1 request; 429: {len(standin.for_token(busy))} requests, end delivered; 503 retried; 400 counted; "
+    return (f"410: 1 request; 429: {len(busy_requests)} requests, {min(gaps):.2f} s or more apart (Retry-After), end delivered; "
+            f"503 retried; 400 counted; "
             f"403 ExpiredProviderToken: {refused} requests for {len(b.states('p-10'))} events, counted")
 
 
@@ -353,7 +358,7 @@ def main():
 
 
 free_port = harness.free_port
-GIVE_UP_S = 5  # long past the 429 and 503 checks' back-offs (0.5 + 1 s)
+GIVE_UP_S = 5  # past the 429 check's two Retry-After waits (2 s each, the run of failures 2 s long) and the 503 one's 0.5 s
 ready = harness.ready
 
 

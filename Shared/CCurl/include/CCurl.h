@@ -11,9 +11,11 @@
 typedef struct fd_h2_client fd_h2_client;
 
 /// Called on the client's thread when a request ends: the HTTP status (0 when
-/// none came), the response body, or an error (then status 0).
+/// none came), the response body, the seconds of the answer's `Retry-After`
+/// (a number or an HTTP date; 0 when none or unreadable), or an error (then
+/// status 0).
 typedef void (*fd_h2_done)(void *context, uint64_t request_id, long status, const char *body, size_t body_length,
-                           const char *error);
+                           int64_t retry_after_s, const char *error);
 
 fd_h2_client *fd_h2_start(const char *ca_file, fd_h2_done done, void *context, char *error, size_t error_len);
 

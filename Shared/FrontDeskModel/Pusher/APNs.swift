@@ -75,8 +75,12 @@ public enum APNs {
     }
 
     /// APNs' answer: the outcome for the scheduler, and the reason it gave.
-    /// `tokenAge`: how old the provider token the push carried was.
-    public static func outcome(status: Int, body: Data?, tokenAge: TimeInterval = 0) -> (PushScheduler.Outcome, String?) {
+    /// `tokenAge`: how old the provider token the push carried was;
+    /// `retryAfter`: the seconds of the answer's `Retry-After`, which a 429
+    /// or 5xx waits at least (up to the scheduler's longest back-off).
+    public static func outcome(status: Int, body: Data?, tokenAge: TimeInterval = 0, retryAfter: TimeInterval? = nil)
+        -> (PushScheduler.Outcome, String?)
+    {
         let reason = body.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }?["reason"] as? String
         switch status {
         case 200: return (.delivered, nil)
@@ -85,7 +89,7 @@ public enum APNs {
         // one called expired means a clock off or a key APNs does not take: a new token would fare no better,
         // so the push is refused like any other 403 rather than retried for ever.
         case 403 where reason == "ExpiredProviderToken" && tokenAge >= ProviderTokenCache.minimumAge: return (.retry(after: nil), reason)
-        case 429, 500...599: return (.retry(after: nil), reason)
+        case 429, 500...599: return (.retry(after: retryAfter.flatMap { $0.isFinite && $0 > 0 ? $0 : nil }), reason)
         case 0: return (.retry(after: nil), reason)
         default: return (.rejected, reason)
         }
