@@ -34,6 +34,9 @@ final class ConsumerRegistration: Sendable {
     private let ended: @Sendable () -> Void
     /// The connection, channel and tag it consumes with now.
     private let active = Mutex<(connection: AMQPConnection, channel: AMQPChannel, tag: String)?>(nil)
+    /// Set once `ended` ran: a delivery after it (to a start that raced the
+    /// stop, whose channel is then closed) is not handed over, and goes back.
+    private let hasEnded = Atomic<Bool>(false)
 
     init(specification: ConsumerSpecification, deliver: @escaping @Sendable (AMQPDelivery) -> Void, ended: @escaping @Sendable () -> Void) {
         self.specification = specification
@@ -46,7 +49,9 @@ final class ConsumerRegistration: Sendable {
         do {
             try await channel.qos(prefetchCount: specification.prefetchCount)
             let sink = ConsumerSink(
-                deliver: deliver,
+                deliver: { [self] delivery in
+                    if !hasEnded.load(ordering: .acquiring) { deliver(delivery) }
+                },
                 finish: { error in
                     if let error, error.code == .consumerCancelled { onBrokerCancel(error) }
                 })
@@ -85,6 +90,11 @@ final class ConsumerRegistration: Sendable {
     /// basic.cancel, then the consumer ends after what it already holds.
     func stop() async {
         await cancelActive()
+        end()
+    }
+
+    private func end() {
+        hasEnded.store(true, ordering: .releasing)
         ended()
     }
 
@@ -103,7 +113,7 @@ final class ConsumerRegistration: Sendable {
         }
     }
 
-    func finish() { ended() }
+    func finish() { end() }
 }
 
 /// The deliveries of one `AMQPClient` consumer, across reconnects.
@@ -168,6 +178,12 @@ extension AMQPClient {
             self.onEvent(.consumerRestartFailed(queue: registration.specification.queue, error))
             Task { await self.restart(registration, on: connection) }
         }
+        // Stopped while it started (on a new connection, or after a broker's
+        // cancel): its stop found nothing to cancel, so its channel is closed
+        // and what it was sent goes back to the queue.
+        if !state.withLock({ s in s.consumers.values.contains { $0 === registration } }) {
+            await registration.closeActive(on: connection)
+        }
     }
 
     /// How a consumer the broker cancelled is tried again: after about a
@@ -193,7 +209,7 @@ extension AMQPClient {
                 // gateway holds its live events until its log catches up).
                 _ = try await connection.withChannel { try await $0.queueDeclare(registration.specification.queue, passive: true) }
                 try await start(registration, on: connection)
-                // Stopped while it started: its channel is closed, and what it was sent goes back.
+                // Its connection was replaced while it started: the new one starts it.
                 if !isCurrent() { await registration.closeActive(on: connection) }
                 return
             } catch {

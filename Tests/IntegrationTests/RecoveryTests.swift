@@ -87,6 +87,7 @@ extension BrokerIntegration {
             final class Seen: Sendable {
                 let bodies = Mutex<[String]>([])
                 let restartFailures = Atomic<Int>(0)
+                let starts = Atomic<Int>(0)
             }
             let seen = Seen()
             let queue = TestBroker.uniqueName("cancelled")
@@ -105,7 +106,12 @@ extension BrokerIntegration {
             }
             let runner = Task { await client.run() }
             try await client.waitUntilConnected()
-            let stop = await client.consume(ConsumerSpecification(queue: queue, prefetchCount: 10), deliver: { d in
+            // A start asks for its arguments (the gateway begins its catch-up there): only starts that go ahead do.
+            let specification = ConsumerSpecification(queue: queue, prefetchCount: 10, argumentsOnStart: {
+                seen.starts.add(1, ordering: .relaxed)
+                return nil
+            })
+            let stop = await client.consume(specification, deliver: { d in
                 seen.bodies.withLock { $0.append(String(decoding: d.body, as: UTF8.self)) }
                 try? d.ack()
             }, ended: {})
@@ -116,13 +122,95 @@ extension BrokerIntegration {
             // The broker's cancel, then at least two tries that find no queue.
             // (Declared again at once, a quorum queue's consumer may get no cancel at all.)
             try await waitUntil("the cancel and two failed restarts") { seen.restartFailures.load(ordering: .relaxed) >= 3 }
+            #expect(seen.starts.load(ordering: .relaxed) == 1, "no start went ahead while the queue was away")
             try await client.withChannel { _ = try await $0.queueDeclare(queue, arguments: ["x-queue-type": "quorum"]) }
             try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("after".utf8), mandatory: true))
             try await waitUntil("the consumer takes the message sent once the queue is back") {
                 seen.bodies.withLock { $0 } == ["before", "after"]
             }
             try await waitUntil("the connection is back to its \(before) channels") { try channels() == before }
+            #expect(seen.starts.load(ordering: .relaxed) == 2)
             await stop()
+            try await client.withChannel { try await $0.queueDelete(queue) }
+            await client.shutdown()
+            await runner.value
+        }
+
+        /// A consumer stopped while it starts again (its queue back after the
+        /// broker's cancel, or on a new connection) keeps nothing: its stop
+        /// found no consumer to cancel, so the start's channel is closed,
+        /// nothing reaches the consumer after its end (not what waited in the
+        /// queue, handed to the start at once), and messages stay queued. The start used to leave a consumer
+        /// running that took the queue's messages for a caller that had gone.
+        @Test(arguments: ["its queue deleted", "a new connection"])
+        func aConsumerStoppedWhileItStartsAgainTakesNothing(_ how: String) async throws {
+            final class Seen: Sendable {
+                let bodies = Mutex<[String]>([])
+                let starts = Atomic<Int>(0)
+                let ended = Atomic<Bool>(false)
+                let cancels = Atomic<Int>(0)
+                let sentWhileStarting = Atomic<Bool>(false)
+                let stop = Mutex<(@Sendable () async -> Void)?>(nil)
+            }
+            let seen = Seen()
+            let queue = TestBroker.uniqueName("stopped-start")
+            let name = "stopped-start-\(UUID().uuidString.prefix(6))"
+            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration(name))
+            configuration.reconnectBackoff = Backoff(baseMs: 100, maxMs: 1000)
+            let client = AMQPClient(configuration: configuration, topology: { channel in
+                try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+            }, onEvent: { event in
+                if case .consumerRestartFailed = event { seen.cancels.add(1, ordering: .relaxed) }
+            })
+            /// The channels of each of this client's connections the broker knows.
+            func channels() throws -> [Int] {
+                try TestBroker.script(["ctl", "list_connections", "-q", "channels", "client_properties"])
+                    .split(separator: "\n").filter { $0.contains("frontdesk-test:\(name)") }
+                    .compactMap { Int($0.prefix { $0 != "\t" }) }
+            }
+            func waiting() async throws -> (messages: UInt32, consumers: UInt32) {
+                let r = try await client.withChannel { try await $0.queueDeclare(queue, passive: true) }
+                return (r.messageCount, r.consumerCount)
+            }
+            let runner = Task { await client.run() }
+            try await client.waitUntilConnected()
+            _ = try await waiting()
+            let idle = try #require(try channels().first, "the connection's channels without a consumer")
+            let specification = ConsumerSpecification(queue: queue, prefetchCount: 10, argumentsOnStart: {
+                guard seen.starts.add(1, ordering: .relaxed).newValue == 2 else { return nil }
+                // The second start: its consumer is stopped, and has ended, and a message waits in its
+                // queue (the broker hands it over at once), before its basic.consume goes out.
+                let stop = seen.stop.withLock { $0 }
+                Task { await stop?() }
+                let deadline = ContinuousClock.now + .seconds(10)
+                while !seen.sentWhileStarting.load(ordering: .relaxed), ContinuousClock.now < deadline { usleep(1000) }
+                return nil
+            })
+            let stop = await client.consume(specification, deliver: { d in
+                seen.bodies.withLock { $0.append(String(decoding: d.body, as: UTF8.self)) }
+                try? d.ack()
+            }, ended: { seen.ended.store(true, ordering: .relaxed) })
+            seen.stop.withLock { $0 = stop }
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("before".utf8)))
+            try await waitUntil("the first message is consumed") { seen.bodies.withLock { $0 } == ["before"] }
+            if how == "its queue deleted" {
+                _ = try await client.withChannel { try await $0.queueDelete(queue) }
+                try await waitUntil("the broker's cancel") { seen.cancels.load(ordering: .relaxed) >= 1 }
+                try await client.withChannel { _ = try await $0.queueDeclare(queue, arguments: ["x-queue-type": "quorum"]) }
+            } else {
+                await client.reconnect()
+            }
+            try await waitUntil("the second start, stopped on its way") {
+                seen.starts.load(ordering: .relaxed) == 2 && seen.ended.load(ordering: .relaxed)
+            }
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("waiting".utf8), mandatory: true))
+            seen.sentWhileStarting.store(true, ordering: .relaxed)
+            // Its channel (and, after a broker's cancel, the old one) closed: as before the consumer.
+            try await waitUntil("one connection with \(idle) channels", within: .seconds(30)) { try channels() == [idle] }
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("later".utf8), mandatory: true))
+            try await waitUntil("both messages wait in the queue") { try await waiting().messages == 2 }
+            #expect(try await waiting().consumers == 0)
+            #expect(seen.bodies.withLock { $0 } == ["before"])
             try await client.withChannel { try await $0.queueDelete(queue) }
             await client.shutdown()
             await runner.value
