@@ -222,10 +222,7 @@ final class GatewayService: Service {
         do {
             status = try await answer(endpoint, request, responder)
         } catch let error as GatewayError {
-            responder.answer(
-                status: error.status, contentType: "application/json", body: error.body,
-                header: error.status == 401 ? ("WWW-Authenticate", "Bearer")
-                    : error.status == 503 || error.status == 429 ? ("Retry-After", "1") : nil)
+            responder.answer(status: error.status, contentType: "application/json", body: error.body, header: Self.header(for: error))
             status = error.status
         } catch {
             let e = GatewayError(500, "internal", "the request could not be completed")
@@ -233,6 +230,32 @@ final class GatewayService: Service {
             status = 500
         }
         state.metrics.requests.increment(String(status))
+    }
+
+    /// The header an error's answer carries, if any.
+    private static func header(for error: GatewayError) -> (String, String)? {
+        error.status == 401 ? ("WWW-Authenticate", "Bearer") : error.status == 503 || error.status == 429 ? ("Retry-After", "1") : nil
+    }
+
+    /// What answers a request whose body is over the limit instead of the
+    /// 413 (from its head, on the HTTP server's thread): one that needs a
+    /// token and has no valid one gets the 401 any other would, and learns
+    /// nothing of the limit.
+    func refusal(forOversized request: AsyncHTTPRequest) -> HTTPRefusal? {
+        guard Self.needsToken(GatewayEndpoint.parse(method: request.method, path: request.path), request) else { return nil }
+        do {
+            _ = try user(request)
+            return nil
+        } catch {
+            state.metrics.requests.increment(String(error.status))
+            return HTTPRefusal(status: error.status, body: error.body, header: Self.header(for: error))
+        }
+    }
+
+    /// Every /v1 request needs a token, also one for no endpoint or with the wrong method; and
+    /// every endpoint that needs one, however its path was spelled (`/%761/…` is `/v1/…`).
+    private static func needsToken(_ endpoint: GatewayEndpoint, _ request: AsyncHTTPRequest) -> Bool {
+        endpoint.needsToken || request.path.hasPrefix("/v1")
     }
 
     private func user(_ request: AsyncHTTPRequest) throws(GatewayError) -> String {
@@ -305,9 +328,7 @@ final class GatewayService: Service {
                 header: ("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:"))
             return 200
         }
-        // Every /v1 request needs a token, also one for no endpoint or with the wrong method; and
-        // every endpoint that needs one, however its path was spelled (`/%761/…` is `/v1/…`).
-        let user = endpoint.needsToken || request.path.hasPrefix("/v1") ? try user(request) : ""
+        let user = Self.needsToken(endpoint, request) ? try user(request) : ""
         switch endpoint {
         case .notFound: throw GatewayError(404, "not_found", "no such endpoint")
         case .methodNotAllowed(let allowed):

@@ -89,7 +89,8 @@ do {
         // A request head must fit the pool: GET /v1/route?input= with the longest
         // input (4,000 code points) is up to 48 KB percent-encoded.
         port: port, maxBody: IntakeClassifier.maxBodyBytes, connectionMemory: 64 << 10,
-        headers: ["Authorization", "Last-Event-ID"], query: ["input"]
+        headers: ["Authorization", "Last-Event-ID"], query: ["input"],
+        oversized: { request in gateway.refusal(forOversized: request) }
     ) { request, responder in
         Task { await gateway.handle(request, responder) }
     }

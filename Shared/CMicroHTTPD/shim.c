@@ -34,6 +34,7 @@ struct fd_conn {
 struct fd_http_server {
     struct MHD_Daemon *daemon;
     fd_async_handler async_handler;
+    fd_oversized_check oversized;
     size_t max_body;
     void *context;
     uint16_t port;
@@ -214,14 +215,30 @@ static void server_ref(fd_http_server *server) {
 
 static const char too_large_body[] = "{\"error\":{\"code\":\"too_large\",\"message\":\"the body is over the limit\"}}";
 
-static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
+/// The answer to a body over the limit: the owner's refusal when it has one
+/// for this head (say, a 401 for a request without a valid token), else 413.
+/// Either closes the connection: the rest of the body is not read.
+static enum MHD_Result queue_too_large(fd_request *request) {
+    fd_http_server *server = request->server;
+    fd_refusal refusal = {0, NULL, NULL, NULL};
+    int refused = server->oversized != NULL && server->oversized(server->context, request, &refusal) == 1 &&
+                  refusal.status >= 400 && refusal.status <= 599 && refusal.body != NULL;
     struct MHD_Response *response =
-        MHD_create_response_from_buffer(sizeof too_large_body - 1, (void *)too_large_body, MHD_RESPMEM_PERSISTENT);
-    if (response == NULL) return MHD_NO;
-    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result queued = MHD_queue_response(connection, 413, response);
-    MHD_destroy_response(response);
+        refused ? MHD_create_response_from_buffer(strlen(refusal.body), refusal.body, MHD_RESPMEM_MUST_COPY)
+                : MHD_create_response_from_buffer(sizeof too_large_body - 1, (void *)too_large_body, MHD_RESPMEM_PERSISTENT);
+    enum MHD_Result queued = MHD_NO;
+    if (response != NULL) {
+        MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+        if (refused && refusal.header_name != NULL && refusal.header_value != NULL) {
+            MHD_add_response_header(response, refusal.header_name, refusal.header_value);
+        }
+        queued = MHD_queue_response(request->connection, refused ? refusal.status : 413, response);
+        MHD_destroy_response(response);
+    }
+    free(refusal.body);
+    free(refusal.header_name);
+    free(refusal.header_value);
     return queued;
 }
 
@@ -262,7 +279,7 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) {
             request->state = REQUEST_QUEUED;
-            return queue_too_large(connection);
+            return queue_too_large(request);
         }
         return MHD_YES;
     }
@@ -296,7 +313,7 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
     }
     if (request->state == REQUEST_OVERSIZED) {  // the whole body is in: now the 413 can go
         request->state = REQUEST_QUEUED;
-        return queue_too_large(connection);
+        return queue_too_large(request);
     }
     pthread_mutex_lock(&server->lock);
     if (server->stopping) {
@@ -526,7 +543,8 @@ void fd_stream_release(fd_stream *stream) {
 
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
                                     unsigned max_connections, size_t max_body, size_t memory_limit,
-                                    fd_async_handler async_handler, void *context, char *error, size_t error_len) {
+                                    fd_async_handler async_handler, fd_oversized_check oversized, void *context, char *error,
+                                    size_t error_len) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof address);
     address.sin_family = AF_INET;
@@ -557,6 +575,7 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
         return NULL;
     }
     server->async_handler = async_handler;
+    server->oversized = oversized;
     server->max_body = max_body;
     server->context = context;
     server->max_age_s = max_age_s;

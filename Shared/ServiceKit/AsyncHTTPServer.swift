@@ -109,23 +109,61 @@ public final class HTTPStream: Sendable {
     }
 }
 
+/// A request's answer decided by the server's owner before its body is read.
+public struct HTTPRefusal: Sendable {
+    public var status: Int
+    /// JSON.
+    public var body: Data
+    public var header: (String, String)?
+
+    public init(status: Int, body: Data, header: (String, String)? = nil) {
+        self.status = status
+        self.body = body
+        self.header = header
+    }
+}
+
 /// An HTTP/1.1 server on libmicrohttpd for the gateway: requests are
 /// answered asynchronously (the connection waits suspended, holding no
-/// thread), responses may stream, bodies over `maxBody` get 413 before they
-/// are read, idle connections close after `idleTimeoutSeconds`, and one still
+/// thread), responses may stream, bodies over `maxBody` get 413 (or what
+/// `oversized` answers for their head) before they are read, idle connections close after `idleTimeoutSeconds`, and one still
 /// sending its request `requestTimeoutSeconds` after it opened (or after its
 /// last response) is cut off.
 public final class AsyncHTTPServer: Sendable {
     public typealias Handler = @Sendable (AsyncHTTPRequest, HTTPResponder) -> Void
 
+    /// What answers a request whose body is over the limit instead of the
+    /// 413, decided from its head alone (it has no body); nil for the 413.
+    public typealias OversizedCheck = @Sendable (AsyncHTTPRequest) -> HTTPRefusal?
+
     private final class Box: Sendable {
         let handler: Handler
+        let oversized: OversizedCheck?
         let headers: [String]
         let query: [String]
-        init(_ handler: @escaping Handler, headers: [String], query: [String]) {
+        init(_ handler: @escaping Handler, oversized: OversizedCheck?, headers: [String], query: [String]) {
             self.handler = handler
+            self.oversized = oversized
             self.headers = headers
             self.query = query
+        }
+
+        /// The request as the handler sees it; on the server's thread, during its callback only.
+        func request(_ request: OpaquePointer) -> AsyncHTTPRequest {
+            var headers: [String: String] = [:]
+            for name in self.headers {
+                if let v = fd_request_header(request, name) { headers[name.lowercased()] = String(cString: v) }
+            }
+            var query: [String: String] = [:]
+            for name in self.query {
+                if let v = fd_request_query(request, name) { query[name] = String(cString: v) }
+            }
+            var length = 0
+            let bytes = fd_request_body(request, &length)
+            let body = bytes.map { Data(bytes: $0, count: length) } ?? Data()
+            return AsyncHTTPRequest(
+                method: String(cString: fd_request_method(request)), path: String(cString: fd_request_path(request)),
+                headers: headers, query: query, body: body)
         }
     }
 
@@ -135,33 +173,37 @@ public final class AsyncHTTPServer: Sendable {
 
     /// `headers` and `query`: the names the handler reads. `connectionMemory`:
     /// libmicrohttpd's pool per connection, which a request head must fit in.
+    /// `oversized`: asked before a 413 (on the server's thread: it must not block).
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
-        connectionMemory: Int = 16 << 10, headers: [String], query: [String], handler: @escaping Handler
+        connectionMemory: Int = 16 << 10, headers: [String], query: [String], oversized: OversizedCheck? = nil,
+        handler: @escaping Handler
     ) throws {
         guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
-        let box = Unmanaged.passRetained(Box(handler, headers: headers, query: query))
+        let box = Unmanaged.passRetained(Box(handler, oversized: oversized, headers: headers, query: query))
         var error = [CChar](repeating: 0, count: 256)
         let started = fd_http_start_async(
             host, port16, idleTimeoutSeconds, requestTimeoutSeconds, HTTPServer.maxConnections, max(0, maxBody), max(0, connectionMemory),
             { context, request in
                 guard let context, let request else { return }
                 let box = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue()
-                var headers: [String: String] = [:]
-                for name in box.headers {
-                    if let v = fd_request_header(request, name) { headers[name.lowercased()] = String(cString: v) }
+                box.handler(box.request(request), HTTPResponder(request))
+            },
+            { context, request, refusal in
+                guard let context, let request, let refusal else { return 0 }
+                let box = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue()
+                guard let answer = box.oversized?(box.request(request)), let status = UInt32(exactly: answer.status),
+                    let body = malloc(answer.body.count + 1)
+                else { return 0 }
+                answer.body.copyBytes(to: body.assumingMemoryBound(to: UInt8.self), count: answer.body.count)
+                body.storeBytes(of: 0, toByteOffset: answer.body.count, as: UInt8.self)
+                refusal.pointee.status = status
+                refusal.pointee.body = body.assumingMemoryBound(to: CChar.self)
+                if let (name, value) = answer.header {
+                    refusal.pointee.header_name = strdup(name)
+                    refusal.pointee.header_value = strdup(value)
                 }
-                var query: [String: String] = [:]
-                for name in box.query {
-                    if let v = fd_request_query(request, name) { query[name] = String(cString: v) }
-                }
-                var length = 0
-                let bytes = fd_request_body(request, &length)
-                let body = bytes.map { Data(bytes: $0, count: length) } ?? Data()
-                let parsed = AsyncHTTPRequest(
-                    method: String(cString: fd_request_method(request)), path: String(cString: fd_request_path(request)),
-                    headers: headers, query: query, body: body)
-                box.handler(parsed, HTTPResponder(request))
+                return 1
             },
             box.toOpaque(), &error, error.count)
         guard let started else {

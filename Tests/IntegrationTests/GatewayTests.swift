@@ -251,6 +251,19 @@ import Testing
             let head = "POST /v1/dispatches HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(TestGateway.tokens["alice"]!)\r\nContent-Type: application/json\r\nConnection: close\r\n"
             let chunked = try gw.chunkedCall(head, body: Data(big.utf8))
             #expect(chunked.hasPrefix("HTTP/1.1 413") && chunked.contains("\"too_large\""), "\(chunked.prefix(300))")
+            // Without a valid token, the 401 any other request gets, with the body over the limit or not
+            // (declared, or found while it arrives): the limit is nobody's business but a user's.
+            let anonymous = try await gw.call("POST", "/v1/dispatches", user: nil, body: big)
+            #expect(anonymous.status == 401 && code(anonymous) == "unauthorized", "\(anonymous.status)")
+            let forged = try await gw.call("POST", "/v1/dispatches/x-1/cancel", user: nil, body: big, headers: ["Authorization": "Bearer forged"])
+            #expect(forged.status == 401 && code(forged) == "unauthorized", "\(forged.status)")
+            let badHead = head.replacingOccurrences(of: TestGateway.tokens["alice"]!, with: "forged")
+            let chunkedForged = try gw.chunkedCall(badHead, body: Data(big.utf8))
+            #expect(
+                chunkedForged.hasPrefix("HTTP/1.1 401") && chunkedForged.contains("\"unauthorized\"")
+                    && chunkedForged.lowercased().contains("www-authenticate: bearer"), "\(chunkedForged.prefix(300))")
+            // Off /v1 no token is asked for: the 413.
+            #expect(try await gw.call("POST", "/", user: nil, body: big).status == 413)
             // A small chunked body is read as any other.
             let small = try gw.chunkedCall(head, body: Data(#"{"id":"chunked-1","input":"the contract","project":"acme","target":"legal"}"#.utf8), chunk: 7)
             #expect(small.hasPrefix("HTTP/1.1 202"), "\(small.prefix(300))")
