@@ -32,8 +32,9 @@ final class ConsumerRegistration: Sendable {
     let deliver: @Sendable (AMQPDelivery) -> Void
     /// Runs once the consumer is stopped or the client shut down.
     private let ended: @Sendable () -> Void
-    /// The connection, channel and tag it consumes with now.
-    private let active = Mutex<(connection: AMQPConnection, channel: AMQPChannel, tag: String)?>(nil)
+    /// The connection, channel and tag it consumes with now, and whether a
+    /// stop cancelled it (then it ends after what it holds: never closed).
+    private let active = Mutex<(connection: AMQPConnection, channel: AMQPChannel, tag: String, cancelled: Bool)?>(nil)
     /// Set once `ended` ran: a delivery after it (to a start that raced the
     /// stop, whose channel is then closed) is not handed over, and goes back.
     private let hasEnded = Atomic<Bool>(false)
@@ -65,7 +66,7 @@ final class ConsumerRegistration: Sendable {
                 throw AMQPError(.connectionClosed, "the connection ended while consuming from '\(specification.queue)' started")
             }
             let replaced = active.withLock { a -> AMQPChannel? in
-                defer { a = (connection, channel, tag) }
+                defer { a = (connection, channel, tag, false) }
                 return a.flatMap { $0.connection === connection ? $0.channel : nil }
             }
             // After a broker cancel, the old channel consumes nothing: closed
@@ -100,15 +101,19 @@ final class ConsumerRegistration: Sendable {
 
     /// basic.cancel of the current consumer, if any.
     func cancelActive() async {
-        if let a = active.withLock({ $0 }) {
-            try? await a.channel.cancel(consumerTag: a.tag)
+        let a = active.withLock { a in
+            a?.cancelled = true
+            return a
         }
+        if let a { try? await a.channel.cancel(consumerTag: a.tag) }
     }
 
     /// Closes the channel of a consumer that started after its stop: what
     /// it was sent goes back to the queue (its deliveries went to an end).
+    /// Not one the stop found and cancelled: that one ends after what it
+    /// already handed over, which is acked as usual.
     func closeActive(on connection: AMQPConnection) async {
-        if let a = active.withLock({ $0 }), a.connection === connection {
+        if let a = active.withLock({ $0 }), a.connection === connection, !a.cancelled {
             await a.channel.close()
         }
     }
@@ -171,7 +176,14 @@ extension AMQPClient {
         for r in registrations { try await start(r, on: connection) }
     }
 
+    private func isConsuming(_ registration: ConsumerRegistration) -> Bool {
+        state.withLock { s in s.consumers.values.contains { $0 === registration } }
+    }
+
     private func start(_ registration: ConsumerRegistration, on connection: AMQPConnection) async throws {
+        // Stopped since it was listed (or since its restart's queue check): not
+        // started at all, so it asks for no arguments and takes no messages.
+        guard isConsuming(registration) else { return }
         try await registration.start(on: connection) { [weak self] error in
             // The broker cancelled it (queue deleted, leader moved): started again on the same connection.
             guard let self else { return }
@@ -181,9 +193,7 @@ extension AMQPClient {
         // Stopped while it started (on a new connection, or after a broker's
         // cancel): its stop found nothing to cancel, so its channel is closed
         // and what it was sent goes back to the queue.
-        if !state.withLock({ s in s.consumers.values.contains { $0 === registration } }) {
-            await registration.closeActive(on: connection)
-        }
+        if !isConsuming(registration) { await registration.closeActive(on: connection) }
     }
 
     /// How a consumer the broker cancelled is tried again: after about a

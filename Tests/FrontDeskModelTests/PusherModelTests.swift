@@ -78,6 +78,10 @@ struct PushSchedulerTests {
         _ = s.due(now: t0 + 31)
         _ = s.completed("d", .retry(after: 86_400), now: t0 + 31, jitter: 0)
         #expect(s.nextDue() == t0 + 31 + s.maxBackoff)
+        // Jitter spreads a Retry-After over a tenth more, never less.
+        _ = s.due(now: t0 + 31 + s.maxBackoff)
+        _ = s.completed("d", .retry(after: 20), now: t0 + 100, jitter: 0.5)
+        #expect(s.nextDue() == t0 + 121)
     }
 
     /// Another dispatch's push, delivered at `now`: APNs is there.

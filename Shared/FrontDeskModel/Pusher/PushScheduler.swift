@@ -192,8 +192,10 @@ public struct PushScheduler: Sendable {
             slot.failingSince = since
             slot.failures += 1
             let exponential = min(maxBackoff, 0.5 * pow(2, Double(min(slot.failures - 1, 16))))
-            // Jitter only shortens, to no less than half; APNs' own Retry-After wins when longer.
-            let wait = max(exponential * (0.5 + 0.5 * min(max(jitter, 0), 1)), min(after ?? 0, maxBackoff))
+            // Jitter only shortens, to no less than half; APNs' own Retry-After wins when longer, spread
+            // over a tenth more (so that activities it turned away together do not all come back at once).
+            let spread = min(max(jitter, 0), 1)
+            let wait = max(exponential * (0.5 + 0.5 * spread), min((after ?? 0) * (1 + 0.1 * spread), maxBackoff))
             slot.notBefore = now.addingTimeInterval(wait)
             var actions: [Action] = []
             if var newer = slot.pending {
