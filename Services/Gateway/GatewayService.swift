@@ -358,11 +358,10 @@ final class GatewayService: Service {
             let known = state.owner(id)  // one look: an event may come in between
             switch known {
             case .some(let owner): guard owner == user else { throw GatewayError.notFound }
-            case .none: if let poster = state.poster(id, now: Date()), poster != user { throw GatewayError.notFound }
+            case .none: guard state.claim(id, by: user, now: Date()) else { throw GatewayError.notFound }
             }
             if known == nil {
                 try await publish(CommandKey.request, id: id, body: body)
-                state.posted(id, by: user, now: Date())
                 _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
             }
             let answer = JSONWriter.object { json in

@@ -152,10 +152,17 @@ final class GatewayState: Sendable {
 
     /// Remembers that `user` posted a request for `id` through this replica
     /// (the first poster's; when full, nothing more until housekeeping prunes).
-    func posted(_ id: String, by user: String, now: Date) {
+    /// In one step with the check, so that two users posting one id at once
+    /// do not both pass it: false when another user posted it here within
+    /// the window (their request goes ahead; this one is refused).
+    func claim(_ id: String, by user: String, now: Date) -> Bool {
         state.withLock { s in
-            guard !s.book.knows(id), s.posted[id] == nil, s.posted.count < Self.maxPosted else { return }
-            s.posted[id] = (user, now)
+            guard !s.book.knows(id) else { return true }  // its events decide who owns it
+            if let p = s.posted[id], now.timeIntervalSince(p.at) < postedFor {
+                return p.user == user
+            }
+            if s.posted[id] != nil || s.posted.count < Self.maxPosted { s.posted[id] = (user, now) }
+            return true
         }
     }
 

@@ -109,6 +109,21 @@ import Testing
             let taken = try await gw.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"mine-1","input":"steal it"}"#)
             #expect(taken.status == 404)
             #expect((taken.body["error"] as? [String: Any])?["code"] as? String == "not_found")
+            // Two users posting one new id at the same moment: one gets it, the other the 404 above
+            // (not a 202 for a dispatch they could never see).
+            for n in 1...6 {
+                let id = "race-\(n)"
+                let body = #"{"id":"\#(id)","input":"the contract","project":"acme","target":"legal"}"#
+                async let byAlice = gw.call("POST", "/v1/dispatches", user: "alice", body: body)
+                async let byBob = gw.call("POST", "/v1/dispatches", user: "bob", body: body)
+                let (a, b) = try await (byAlice.status, byBob.status)
+                #expect([a, b].sorted() == [202, 404], "\(id): alice \(a), bob \(b)")
+                let winner = a == 202 ? "alice" : "bob"
+                try await waitUntil("\(id) shown to \(winner)", within: .seconds(10)) {
+                    (try? await gw.call("GET", "/v1/dispatches/\(id)", user: winner).status) == 200
+                }
+                #expect(try await gw.call("GET", "/v1/dispatches/\(id)", user: winner == "alice" ? "bob" : "alice").status == 404)
+            }
 
             for user in [nil, "not-a-token"] {
                 let answer = try await gw.call("GET", "/v1/dispatches/mine-1", user: user)
