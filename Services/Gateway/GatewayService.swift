@@ -237,11 +237,11 @@ final class GatewayService: Service {
         error.status == 401 ? ("WWW-Authenticate", "Bearer") : error.status == 503 || error.status == 429 ? ("Retry-After", "1") : nil
     }
 
-    /// What answers a request whose body is over the limit instead of the
-    /// 413 (from its head, on the HTTP server's thread): one that needs a
-    /// token and has no valid one gets the 401 any other would, and learns
-    /// nothing of the limit.
-    func refusal(forOversized request: AsyncHTTPRequest) -> HTTPRefusal? {
+    /// What answers a request from its head alone, before its body is read
+    /// (on the HTTP server's thread): one that needs a token and has no
+    /// valid one gets its 401 at once, whatever its body, so it learns
+    /// nothing of the body limit (nor waits for a body to be read).
+    func refusal(forHead request: AsyncHTTPRequest) -> HTTPRefusal? {
         guard Self.needsToken(GatewayEndpoint.parse(method: request.method, path: request.path), request) else { return nil }
         do {
             _ = try user(request)
@@ -361,7 +361,12 @@ final class GatewayService: Service {
             case .none: guard state.claim(id, by: user, now: Date()) else { throw GatewayError.notFound }
             }
             if known == nil {
-                try await publish(CommandKey.request, id: id, body: body)
+                do {
+                    try await publish(CommandKey.request, id: id, body: body)
+                } catch {
+                    state.unclaim(id, by: user)
+                    throw error
+                }
                 _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
             }
             let answer = JSONWriter.object { json in

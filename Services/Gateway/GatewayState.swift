@@ -157,12 +157,20 @@ final class GatewayState: Sendable {
     /// the window (their request goes ahead; this one is refused).
     func claim(_ id: String, by user: String, now: Date) -> Bool {
         state.withLock { s in
-            guard !s.book.knows(id) else { return true }  // its events decide who owns it
+            guard !s.book.knows(id) else { return s.book.isOwned(id, by: user) }  // its events decide who owns it
             if let p = s.posted[id], now.timeIntervalSince(p.at) < postedFor {
                 return p.user == user
             }
             if s.posted[id] != nil || s.posted.count < Self.maxPosted { s.posted[id] = (user, now) }
             return true
+        }
+    }
+
+    /// Takes back `user`'s claim on `id` (its request never reached the
+    /// broker): another user is not kept out for the window by nothing.
+    func unclaim(_ id: String, by user: String) {
+        state.withLock { s in
+            if s.posted[id]?.user == user { s.posted[id] = nil }
         }
     }
 

@@ -90,7 +90,7 @@ do {
         // input (4,000 code points) is up to 48 KB percent-encoded.
         port: port, maxBody: IntakeClassifier.maxBodyBytes, connectionMemory: 64 << 10,
         headers: ["Authorization", "Last-Event-ID"], query: ["input"],
-        oversized: { request in gateway.refusal(forOversized: request) }
+        headCheck: { request in gateway.refusal(forHead: request) }
     ) { request, responder in
         Task { await gateway.handle(request, responder) }
     }

@@ -34,7 +34,7 @@ struct fd_conn {
 struct fd_http_server {
     struct MHD_Daemon *daemon;
     fd_async_handler async_handler;
-    fd_oversized_check oversized;
+    fd_head_check head_check;
     size_t max_body;
     void *context;
     uint16_t port;
@@ -215,26 +215,45 @@ static void server_ref(fd_http_server *server) {
 
 static const char too_large_body[] = "{\"error\":{\"code\":\"too_large\",\"message\":\"the body is over the limit\"}}";
 
-/// The answer to a body over the limit: the owner's refusal when it has one
-/// for this head (say, a 401 for a request without a valid token), else 413.
-/// Either closes the connection: the rest of the body is not read.
-static enum MHD_Result queue_too_large(fd_request *request) {
-    fd_http_server *server = request->server;
-    fd_refusal refusal = {0, NULL, NULL, NULL};
-    int refused = server->oversized != NULL && server->oversized(server->context, request, &refusal) == 1 &&
-                  refusal.status >= 400 && refusal.status <= 599 && refusal.body != NULL;
+static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
     struct MHD_Response *response =
-        refused ? MHD_create_response_from_buffer(strlen(refusal.body), refusal.body, MHD_RESPMEM_MUST_COPY)
-                : MHD_create_response_from_buffer(sizeof too_large_body - 1, (void *)too_large_body, MHD_RESPMEM_PERSISTENT);
-    enum MHD_Result queued = MHD_NO;
-    if (response != NULL) {
-        MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-        MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
-        if (refused && refusal.header_name != NULL && refusal.header_value != NULL) {
-            MHD_add_response_header(response, refusal.header_name, refusal.header_value);
+        MHD_create_response_from_buffer(sizeof too_large_body - 1, (void *)too_large_body, MHD_RESPMEM_PERSISTENT);
+    if (response == NULL) return MHD_NO;
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result queued = MHD_queue_response(connection, 413, response);
+    MHD_destroy_response(response);
+    return queued;
+}
+
+/// The owner's answer to this head, if it has one (say, a 401 for a request
+/// without a valid token): queued at once, before any of the body is read,
+/// whatever its size, so its answer and timing tell nothing of the limit.
+/// MHD_YES with `*answered` 0 when the request goes on.
+static enum MHD_Result check_head(fd_request *request, int *answered) {
+    fd_http_server *server = request->server;
+    *answered = 0;
+    if (server->head_check == NULL) return MHD_YES;
+    fd_refusal refusal = {0, NULL, 0, NULL, NULL};
+    int refused = server->head_check(server->context, request, &refusal) == 1;
+    enum MHD_Result queued = MHD_YES;
+    if (refused) {
+        *answered = 1;
+        queued = MHD_NO;
+        unsigned status = refusal.status >= 400 && refusal.status <= 599 ? refusal.status : 500;
+        struct MHD_Response *response = MHD_create_response_from_buffer(
+            refusal.body != NULL ? refusal.body_length : 0, refusal.body != NULL ? refusal.body : "", MHD_RESPMEM_MUST_COPY);
+        if (response != NULL) {
+            MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+            MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+            MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
+            MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");  // its body, if any, is never read
+            if (refusal.header_name != NULL && refusal.header_value != NULL) {
+                MHD_add_response_header(response, refusal.header_name, refusal.header_value);
+            }
+            queued = MHD_queue_response(request->connection, status, response);
+            MHD_destroy_response(response);
         }
-        queued = MHD_queue_response(request->connection, refused ? refusal.status : 413, response);
-        MHD_destroy_response(response);
     }
     free(refusal.body);
     free(refusal.header_name);
@@ -276,10 +295,16 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         *con_cls = request;
         // An untracked connection (out of memory when it opened) could never be resumed: refused.
         if (request->method == NULL || request->path == NULL || request->conn == NULL) return MHD_NO;
+        int answered = 0;
+        enum MHD_Result checked = check_head(request, &answered);
+        if (answered) {
+            request->state = REQUEST_QUEUED;
+            return checked;
+        }
         const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) {
             request->state = REQUEST_QUEUED;
-            return queue_too_large(request);
+            return queue_too_large(connection);
         }
         return MHD_YES;
     }
@@ -313,7 +338,7 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
     }
     if (request->state == REQUEST_OVERSIZED) {  // the whole body is in: now the 413 can go
         request->state = REQUEST_QUEUED;
-        return queue_too_large(request);
+        return queue_too_large(connection);
     }
     pthread_mutex_lock(&server->lock);
     if (server->stopping) {
@@ -378,7 +403,8 @@ const char *fd_request_query(fd_request *request, const char *name) {
 }
 
 const void *fd_request_body(const fd_request *request, size_t *length) {
-    *length = request->length;
+    // None kept (an oversized body is dropped as it comes, its length still counted): nothing to read.
+    *length = request->body != NULL ? request->length : 0;
     return request->body != NULL ? request->body : "";
 }
 
@@ -543,7 +569,7 @@ void fd_stream_release(fd_stream *stream) {
 
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
                                     unsigned max_connections, size_t max_body, size_t memory_limit,
-                                    fd_async_handler async_handler, fd_oversized_check oversized, void *context, char *error,
+                                    fd_async_handler async_handler, fd_head_check head_check, void *context, char *error,
                                     size_t error_len) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof address);
@@ -575,7 +601,7 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
         return NULL;
     }
     server->async_handler = async_handler;
-    server->oversized = oversized;
+    server->head_check = head_check;
     server->max_body = max_body;
     server->context = context;
     server->max_age_s = max_age_s;

@@ -125,25 +125,26 @@ public struct HTTPRefusal: Sendable {
 
 /// An HTTP/1.1 server on libmicrohttpd for the gateway: requests are
 /// answered asynchronously (the connection waits suspended, holding no
-/// thread), responses may stream, bodies over `maxBody` get 413 (or what
-/// `oversized` answers for their head) before they are read, idle connections close after `idleTimeoutSeconds`, and one still
+/// thread), responses may stream, a request its owner refuses from its head
+/// (`headCheck`) is answered before its body is read, bodies over `maxBody`
+/// get 413 before they are read, idle connections close after `idleTimeoutSeconds`, and one still
 /// sending its request `requestTimeoutSeconds` after it opened (or after its
 /// last response) is cut off.
 public final class AsyncHTTPServer: Sendable {
     public typealias Handler = @Sendable (AsyncHTTPRequest, HTTPResponder) -> Void
 
-    /// What answers a request whose body is over the limit instead of the
-    /// 413, decided from its head alone (it has no body); nil for the 413.
-    public typealias OversizedCheck = @Sendable (AsyncHTTPRequest) -> HTTPRefusal?
+    /// What answers a request at once from its head alone (it has no body
+    /// yet, and none is read); nil to go on.
+    public typealias HeadCheck = @Sendable (AsyncHTTPRequest) -> HTTPRefusal?
 
     private final class Box: Sendable {
         let handler: Handler
-        let oversized: OversizedCheck?
+        let headCheck: HeadCheck?
         let headers: [String]
         let query: [String]
-        init(_ handler: @escaping Handler, oversized: OversizedCheck?, headers: [String], query: [String]) {
+        init(_ handler: @escaping Handler, headCheck: HeadCheck?, headers: [String], query: [String]) {
             self.handler = handler
-            self.oversized = oversized
+            self.headCheck = headCheck
             self.headers = headers
             self.query = query
         }
@@ -173,14 +174,15 @@ public final class AsyncHTTPServer: Sendable {
 
     /// `headers` and `query`: the names the handler reads. `connectionMemory`:
     /// libmicrohttpd's pool per connection, which a request head must fit in.
-    /// `oversized`: asked before a 413 (on the server's thread: it must not block).
+    /// `headCheck`: asked about each request's head as soon as it is in,
+    /// before the body and the 413 (on the server's thread: it must not block).
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
-        connectionMemory: Int = 16 << 10, headers: [String], query: [String], oversized: OversizedCheck? = nil,
+        connectionMemory: Int = 16 << 10, headers: [String], query: [String], headCheck: HeadCheck? = nil,
         handler: @escaping Handler
     ) throws {
         guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
-        let box = Unmanaged.passRetained(Box(handler, oversized: oversized, headers: headers, query: query))
+        let box = Unmanaged.passRetained(Box(handler, headCheck: headCheck, headers: headers, query: query))
         var error = [CChar](repeating: 0, count: 256)
         let started = fd_http_start_async(
             host, port16, idleTimeoutSeconds, requestTimeoutSeconds, HTTPServer.maxConnections, max(0, maxBody), max(0, connectionMemory),
@@ -192,13 +194,13 @@ public final class AsyncHTTPServer: Sendable {
             { context, request, refusal in
                 guard let context, let request, let refusal else { return 0 }
                 let box = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue()
-                guard let answer = box.oversized?(box.request(request)), let status = UInt32(exactly: answer.status),
-                    let body = malloc(answer.body.count + 1)
+                guard let check = box.headCheck, let answer = check(box.request(request)),
+                    let status = UInt32(exactly: answer.status), let body = malloc(max(1, answer.body.count))
                 else { return 0 }
                 answer.body.copyBytes(to: body.assumingMemoryBound(to: UInt8.self), count: answer.body.count)
-                body.storeBytes(of: 0, toByteOffset: answer.body.count, as: UInt8.self)
                 refusal.pointee.status = status
                 refusal.pointee.body = body.assumingMemoryBound(to: CChar.self)
+                refusal.pointee.body_length = answer.body.count
                 if let (name, value) = answer.header {
                     refusal.pointee.header_name = strdup(name)
                     refusal.pointee.header_value = strdup(value)

@@ -54,6 +54,23 @@ extension TestGateway {
     /// transfer coding) on a socket of its own; the whole answer as text,
     /// empty when the gateway closed the connection without one.
     func chunkedCall(_ head: String, body: Data, chunk: Int = 16384) throws -> String {
+        var out = Data((head + "Transfer-Encoding: chunked\r\n\r\n").utf8)
+        var offset = 0
+        while offset < body.count {
+            let piece = body[offset..<min(body.count, offset + chunk)]
+            out.append(Data((String(piece.count, radix: 16) + "\r\n").utf8))
+            out.append(piece)
+            out.append(Data("\r\n".utf8))
+            offset += piece.count
+        }
+        out.append(Data("0\r\n\r\n".utf8))
+        return try rawCall(out)
+    }
+
+    /// Sends `out` as it is on a socket of its own; the whole answer as
+    /// text, empty when the gateway closed the connection without one (or
+    /// gave none within 10 s).
+    func rawCall(_ out: Data) throws -> String {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { Glibc.close(fd) }
         var address = sockaddr_in()
@@ -66,16 +83,6 @@ extension TestGateway {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard connected == 0 else { throw AMQPError(.connectionFailed, "cannot connect to the gateway") }
-        var out = Data((head + "Transfer-Encoding: chunked\r\n\r\n").utf8)
-        var offset = 0
-        while offset < body.count {
-            let piece = body[offset..<min(body.count, offset + chunk)]
-            out.append(Data((String(piece.count, radix: 16) + "\r\n").utf8))
-            out.append(piece)
-            out.append(Data("\r\n".utf8))
-            offset += piece.count
-        }
-        out.append(Data("0\r\n\r\n".utf8))
         // Written whole, or until the gateway stops reading (it may drop the connection).
         var written = 0
         while written < out.count {

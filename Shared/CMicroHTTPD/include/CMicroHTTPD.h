@@ -25,29 +25,30 @@ typedef struct fd_stream fd_stream;
 
 typedef void (*fd_async_handler)(void *context, fd_request *request);
 
-/// What answers a request whose body is over the limit, instead of the 413:
-/// its status, JSON body and one more header (each string malloc'd, freed by
-/// the server; the header's name and value may be NULL).
+/// An answer decided from a request's head, before its body is read: its
+/// status, JSON body (`body_length` bytes) and one more header (each
+/// malloc'd, freed by the server; the header's name and value may be NULL).
 typedef struct fd_refusal {
     unsigned status;
     char *body;
+    size_t body_length;
     char *header_name, *header_value;
 } fd_refusal;
 
-/// Asked, on the server's thread, about a request whose body is over the
-/// limit (its head only: method, path, headers; no body) before the 413
-/// goes: 1 with `refusal` filled to answer that instead (a request without
-/// its credentials learns nothing of the limit), 0 for the 413. Must not block.
-typedef int (*fd_oversized_check)(void *context, fd_request *request, fd_refusal *refusal);
+/// Asked, on the server's thread, about each request's head (method, path,
+/// headers; no body) as soon as it is in: 1 with `refusal` filled to answer
+/// that at once (a request without its credentials, whatever its body: it
+/// is not read, and the connection closes), 0 to go on. Must not block.
+typedef int (*fd_head_check)(void *context, fd_request *request, fd_refusal *refusal);
 
 /// Starts serving on host:port (port 0: any free one; read it back with
 /// fd_http_port); NULL on failure, with a reason in `error`. Bodies over `max_body` are answered 413 at
-/// once (or as `oversized` says, when given), without the handler. A connection still reading a request
+/// once, without the handler (after `head_check`, when given). A connection still reading a request
 /// `max_age_s` after it opened, or after its last response, is closed.
 /// `memory_limit`: each connection's pool, which a request head must fit in.
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
                                     unsigned max_connections, size_t max_body, size_t memory_limit,
-                                    fd_async_handler handler, fd_oversized_check oversized, void *context, char *error,
+                                    fd_async_handler handler, fd_head_check head_check, void *context, char *error,
                                     size_t error_len);
 
 /// What the handler may read, on the server's thread, during its call only.
