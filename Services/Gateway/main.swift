@@ -33,7 +33,7 @@ let replayBytes: Int
 do {
     port = try values.int("FRONTDESK_GATEWAY_PORT", default: 8080, in: 0...65535)
     streamsPerUser = try values.int(
-        "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: GatewayState.defaultMaxStreamsPerUser, in: 1...Int(HTTPServer.maxConnections))
+        "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: GatewayState.defaultMaxStreamsPerUser, in: 1...Int(AsyncHTTPServer.maxConnections))
     replayBytes = try values.int("FRONTDESK_GATEWAY_REPLAY_BYTES", default: GatewayState.defaultMaxReplayBytes, in: 1024...(1 << 30))
 } catch {
     exitWithUsage(error.message)

@@ -172,20 +172,24 @@ public final class AsyncHTTPServer: Sendable {
     private let box: Unmanaged<Box>
     public let port: Int
 
+    /// By default, half the process's descriptors (`HTTPServer.connectionLimit`).
+    public static let maxConnections: UInt32 = HTTPServer.connectionLimit(descriptors: HTTPServer.descriptors, share: 2)
+
     /// `headers` and `query`: the names the handler reads. `connectionMemory`:
     /// libmicrohttpd's pool per connection, which a request head must fit in.
     /// `headCheck`: asked about each request's head as soon as it is in,
     /// before the body and the 413 (on the server's thread: it must not block).
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
-        connectionMemory: Int = 16 << 10, headers: [String], query: [String], headCheck: HeadCheck? = nil,
+        maxConnections: UInt32 = AsyncHTTPServer.maxConnections, connectionMemory: Int = 16 << 10, headers: [String], query: [String],
+        headCheck: HeadCheck? = nil,
         handler: @escaping Handler
     ) throws {
         guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
         let box = Unmanaged.passRetained(Box(handler, headCheck: headCheck, headers: headers, query: query))
         var error = [CChar](repeating: 0, count: 256)
         let started = fd_http_start_async(
-            host, port16, idleTimeoutSeconds, requestTimeoutSeconds, HTTPServer.maxConnections, max(0, maxBody), max(0, connectionMemory),
+            host, port16, idleTimeoutSeconds, requestTimeoutSeconds, maxConnections, max(0, maxBody), max(0, connectionMemory),
             { context, request in
                 guard let context, let request else { return }
                 let box = Unmanaged<Box>.fromOpaque(context).takeUnretainedValue()

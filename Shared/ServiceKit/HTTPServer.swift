@@ -33,20 +33,29 @@ public final class HTTPServer: Sendable {
     /// off, whatever it sends: a client that drips a byte at a time never goes idle.
     public static let maxConnectionAgeSeconds: UInt32 = 10
 
-    /// At most half the process's descriptors (raised to its hard limit, up
-    /// to 65,536) and at most 16,384: clients holding connections open can
-    /// take many slots, never the descriptors the broker connection needs.
-    public static let maxConnections: UInt32 = {
+    /// The process's descriptors, raised to its hard limit (up to 65,536).
+    public static let descriptors: UInt64 = {
         var limit = rlimit()
-        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 512 }
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 1024 }
         let wanted = min(limit.rlim_max, 65_536)
         if limit.rlim_cur < wanted {
             var raised = limit
             raised.rlim_cur = wanted
             if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
         }
-        return UInt32(min(max(limit.rlim_cur / 2, 64), 16_384))
+        return UInt64(limit.rlim_cur)
     }()
+
+    /// A server's share of `descriptors` (`share` of 4), at least 64 and at
+    /// most 16,384: clients holding connections open can take many slots,
+    /// never the descriptors the broker connection needs. The probes take a
+    /// quarter, the gateway's API half: together never all of them.
+    public static func connectionLimit(descriptors: UInt64, share: UInt64) -> UInt32 {
+        UInt32(min(max(descriptors / 4 * min(share, 4), 64), 16_384))
+    }
+
+    /// The probe server's limit: a quarter of the descriptors.
+    public static let maxConnections: UInt32 = connectionLimit(descriptors: descriptors, share: 1)
 
     private let server: AsyncHTTPServer
     public var port: Int { server.port }
@@ -55,7 +64,7 @@ public final class HTTPServer: Sendable {
     public init(host: String = "0.0.0.0", port: Int, handler: @escaping Handler) throws {
         server = try AsyncHTTPServer(
             host: host, port: port, maxBody: 0, idleTimeoutSeconds: Self.idleTimeoutSeconds,
-            requestTimeoutSeconds: Self.maxConnectionAgeSeconds, headers: [], query: []
+            requestTimeoutSeconds: Self.maxConnectionAgeSeconds, maxConnections: Self.maxConnections, headers: [], query: []
         ) { request, responder in
             let response = request.method == "GET" || request.method == "HEAD"
                 ? handler(HTTPRequest(method: request.method, path: request.path))

@@ -266,3 +266,22 @@ struct ClusterURLTests {
         #expect(c.login == "u")
     }
 }
+
+@Suite("HTTP connection limits")
+struct ConnectionLimitTests {
+    /// The probes take a quarter of the descriptors and the gateway's API
+    /// half: together they leave a quarter, whatever the limit, for the
+    /// broker connection and files.
+    @Test func theServersTogetherNeverTakeEveryDescriptor() {
+        for descriptors: UInt64 in [1024, 4096, 20_000, 65_536] {
+            let probes = HTTPServer.connectionLimit(descriptors: descriptors, share: 1)
+            let api = HTTPServer.connectionLimit(descriptors: descriptors, share: 2)
+            #expect(UInt64(probes) + UInt64(api) <= descriptors * 3 / 4, "\(descriptors): \(probes) + \(api)")
+        }
+        #expect(HTTPServer.connectionLimit(descriptors: 1024, share: 1) == 256)
+        #expect(HTTPServer.connectionLimit(descriptors: 1024, share: 2) == 512)
+        #expect(HTTPServer.connectionLimit(descriptors: 65_536, share: 2) == 16_384)
+        #expect(HTTPServer.connectionLimit(descriptors: 100, share: 1) == 64, "never fewer than 64")
+        #expect(HTTPServer.connectionLimit(descriptors: .max, share: 9) == 16_384, "no trap on any input")
+    }
+}
