@@ -94,8 +94,9 @@ final class ConsumerRegistration: Sendable {
         end()
     }
 
+    /// `ended` runs once, however many ways the consumer is stopped.
     private func end() {
-        hasEnded.store(true, ordering: .releasing)
+        guard !hasEnded.exchange(true, ordering: .acquiringAndReleasing) else { return }
         ended()
     }
 
@@ -153,9 +154,15 @@ extension AMQPClient {
     ) async -> @Sendable () async -> Void {
         let registration = ConsumerRegistration(specification: specification, deliver: deliver, ended: ended)
         let key = UUID()
-        let connection = state.withLock { s -> AMQPConnection? in
+        let (accepted, connection) = state.withLock { s -> (Bool, AMQPConnection?) in
+            // After a shutdown nothing would ever start or end it: it ends now.
+            guard !s.shuttingDown else { return (false, nil) }
             s.consumers[key] = registration
-            return s.live?.connection
+            return (true, s.live?.connection)
+        }
+        guard accepted else {
+            registration.finish()
+            return {}
         }
         if let connection {
             do {

@@ -216,6 +216,35 @@ extension BrokerIntegration {
             await runner.value
         }
 
+        /// A consumer's `ended` runs once, however often it is stopped; one
+        /// asked for after the client shut down ends at once (nothing would
+        /// ever start or end it: a caller reading its sequence waited for ever).
+        @Test func aConsumerEndsOnceAndOneAskedForAfterShutdownEndsAtOnce() async throws {
+            final class Ends: Sendable {
+                let first = Atomic<Int>(0)
+                let late = Atomic<Int>(0)
+            }
+            let ends = Ends()
+            let queue = TestBroker.uniqueName("late")
+            let client = client("late-\(UUID().uuidString.prefix(6))", queue: queue)
+            let runner = Task { await client.run() }
+            try await client.waitUntilConnected()
+            let stop = await client.consume(ConsumerSpecification(queue: queue), deliver: { _ in }, ended: { ends.first.add(1, ordering: .relaxed) })
+            await stop()
+            await stop()
+            await client.stopConsuming()
+            #expect(ends.first.load(ordering: .relaxed) == 1)
+            try await client.withChannel { try await $0.queueDelete(queue) }
+            await client.shutdown()
+            await runner.value
+            let stopLate = await client.consume(ConsumerSpecification(queue: queue), deliver: { _ in }, ended: { ends.late.add(1, ordering: .relaxed) })
+            #expect(ends.late.load(ordering: .relaxed) == 1, "ended as it was asked for")
+            await stopLate()
+            #expect(ends.late.load(ordering: .relaxed) == 1)
+            var late = await client.consume(ConsumerSpecification(queue: queue)).makeAsyncIterator()
+            #expect(await late.next() == nil)
+        }
+
         /// `reconnect()` (a consumer that hangs, see ReadBackWatch): a new
         /// connection, and the consumer reads again on it.
         @Test func reconnectOpensANewConnectionAndTheConsumerGoesOn() async throws {
