@@ -19,6 +19,9 @@ let (configuration, values) = ServiceBootstrap.configurationOrExit(
         .init(
             "FRONTDESK_GATEWAY_REPLAY_BYTES", default: "\(GatewayState.defaultMaxReplayBytes)",
             help: "bytes of history one event stream replays before it ends for the client to resume with Last-Event-ID"),
+        .init(
+            "FRONTDESK_GATEWAY_STREAM_BUFFER_BYTES", default: "\(GatewayState.defaultStreamBufferBytes)",
+            help: "bytes all event streams together may queue for clients; over it, the one that waited longest is cut off"),
     ])
 let table = ServiceBootstrap.routingTableOrExit(configuration)
 
@@ -30,11 +33,14 @@ func exitWithUsage(_ message: String) -> Never {
 let port: Int
 let streamsPerUser: Int
 let replayBytes: Int
+let streamBufferBytes: Int
 do {
     port = try values.int("FRONTDESK_GATEWAY_PORT", default: 8080, in: 0...65535)
     streamsPerUser = try values.int(
         "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: GatewayState.defaultMaxStreamsPerUser, in: 1...Int(AsyncHTTPServer.maxConnections))
     replayBytes = try values.int("FRONTDESK_GATEWAY_REPLAY_BYTES", default: GatewayState.defaultMaxReplayBytes, in: 1024...(1 << 30))
+    streamBufferBytes = try values.int(
+        "FRONTDESK_GATEWAY_STREAM_BUFFER_BYTES", default: GatewayState.defaultStreamBufferBytes, in: (1 << 20)...(1 << 40))
 } catch {
     exitWithUsage(error.message)
 }
@@ -88,7 +94,7 @@ do {
     api = try AsyncHTTPServer(
         // A request head must fit the pool: GET /v1/route?input= with the longest
         // input (4,000 code points) is up to 48 KB percent-encoded.
-        port: port, maxBody: IntakeClassifier.maxBodyBytes, connectionMemory: 64 << 10,
+        port: port, maxBody: IntakeClassifier.maxBodyBytes, connectionMemory: 64 << 10, streamBudget: streamBufferBytes,
         headers: ["Authorization", "Last-Event-ID"], query: ["input"],
         headCheck: { request in gateway.refusal(forHead: request) }
     ) { request, responder in

@@ -35,6 +35,10 @@ struct fd_http_server {
     struct MHD_Daemon *daemon;
     fd_async_handler async_handler;
     fd_head_check head_check;
+    /// Every stream whose response is alive, and the bytes they all queue;
+    /// over `stream_budget` (0: none), the stream waiting longest is cut.
+    struct fd_stream *streams;
+    size_t stream_pending, stream_budget;
     size_t max_body;
     void *context;
     uint16_t port;
@@ -161,6 +165,12 @@ struct fd_stream {
     int ended;
     int closed;
     int refs;
+    /// On the server's list while its response is alive (for the budget).
+    int listed;
+    struct fd_stream *prev, *next;
+    /// Since when bytes have waited for its client without a pause (set
+    /// when its queue goes from empty to not).
+    struct timespec waiting_since;
 };
 
 static struct fd_conn *conn_of(struct MHD_Connection *connection) {
@@ -435,6 +445,42 @@ void fd_request_answer(fd_request *request, unsigned status, const char *content
     if (!taken && response != NULL) MHD_destroy_response(response);
 }
 
+/// Under the lock: `n` bytes of the streams' queues went (never below zero).
+static void pending_drop(fd_http_server *server, size_t n) {
+    server->stream_pending = n > server->stream_pending ? 0 : server->stream_pending - n;
+}
+
+static int earlier(const struct timespec *a, const struct timespec *b) {
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/// Under the lock: the client is cut off and what waited for it dropped
+/// (it counts no more against the budget); the response ends.
+static void stream_cut(fd_http_server *server, fd_stream *stream) {
+    if (stream->conn != NULL && !stream->conn->shut) {
+        shutdown(stream->conn->fd, SHUT_RDWR);
+        stream->conn->shut = 1;
+    }
+    if (stream->listed) pending_drop(server, stream->length - stream->offset);
+    stream->offset = stream->length = 0;
+    stream->ended = 1;
+    resume(server, stream->conn);
+}
+
+/// Under the lock: while all streams together queue more than the budget,
+/// the one whose bytes have waited longest (a client that stopped reading,
+/// not one that is being sent a long history) is cut.
+static void enforce_budget(fd_http_server *server) {
+    while (server->stream_budget > 0 && server->stream_pending > server->stream_budget) {
+        fd_stream *oldest = NULL;
+        for (fd_stream *t = server->streams; t != NULL; t = t->next) {
+            if (t->length > t->offset && (oldest == NULL || earlier(&t->waiting_since, &oldest->waiting_since))) oldest = t;
+        }
+        if (oldest == NULL) return;
+        stream_cut(server, oldest);
+    }
+}
+
 static ssize_t stream_read(void *cls, uint64_t position, char *out, size_t max) {
     (void)position;
     fd_stream *stream = cls;
@@ -449,7 +495,15 @@ static ssize_t stream_read(void *cls, uint64_t position, char *out, size_t max) 
         if (n > max) n = max;
         memcpy(out, stream->buffer + stream->offset, n);
         stream->offset += n;
-        if (stream->offset == stream->length) stream->offset = stream->length = 0;
+        if (stream->listed) pending_drop(server, n);
+        if (stream->offset == stream->length) {
+            stream->offset = stream->length = 0;
+            if (stream->capacity > (64u << 10)) {  // a long history sent: its buffer is not kept
+                free(stream->buffer);
+                stream->buffer = NULL;
+                stream->capacity = 0;
+            }
+        }
         pthread_mutex_unlock(&server->lock);
         return (ssize_t)n;
     }
@@ -464,9 +518,18 @@ static ssize_t stream_read(void *cls, uint64_t position, char *out, size_t max) 
 
 static void stream_closed(void *cls) {
     fd_stream *stream = cls;
-    pthread_mutex_lock(&stream->server->lock);
+    fd_http_server *server = stream->server;
+    pthread_mutex_lock(&server->lock);
     stream->closed = 1;
-    pthread_mutex_unlock(&stream->server->lock);
+    if (stream->listed) {
+        pending_drop(server, stream->length - stream->offset);
+        stream->offset = stream->length = 0;
+        if (stream->prev) stream->prev->next = stream->next; else server->streams = stream->next;
+        if (stream->next) stream->next->prev = stream->prev;
+        stream->prev = stream->next = NULL;
+        stream->listed = 0;
+    }
+    pthread_mutex_unlock(&server->lock);
     stream_unref(stream);
 }
 
@@ -487,9 +550,16 @@ fd_stream *fd_request_answer_stream(fd_request *request, unsigned status, const 
     MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     MHD_add_response_header(response, "X-Accel-Buffering", "no");
-    pthread_mutex_lock(&request->server->lock);
+    fd_http_server *server = request->server;
+    pthread_mutex_lock(&server->lock);
     int taken = answer_with(request, status, response);
-    pthread_mutex_unlock(&request->server->lock);
+    if (taken) {
+        stream->listed = 1;
+        stream->next = server->streams;
+        if (server->streams) server->streams->prev = stream;
+        server->streams = stream;
+    }
+    pthread_mutex_unlock(&server->lock);
     if (!taken) {
         MHD_destroy_response(response);  // its callback drops the response's reference
         fd_stream_release(stream);
@@ -503,18 +573,14 @@ void fd_request_release(fd_request *request) { request_unref(request); }
 int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end, size_t limit) {
     fd_http_server *server = stream->server;
     pthread_mutex_lock(&server->lock);
-    if (stream->closed || server->stopping) {
+    // Ended (cut off, or its last write made): nothing more goes.
+    if (stream->closed || server->stopping || stream->ended) {
         pthread_mutex_unlock(&server->lock);
         return 0;
     }
     if (stream->length - stream->offset + length > limit) {
         // A client that does not read: it is cut off, the others go on.
-        if (stream->conn != NULL && !stream->conn->shut) {
-            shutdown(stream->conn->fd, SHUT_RDWR);
-            stream->conn->shut = 1;
-        }
-        stream->ended = 1;
-        resume(server, stream->conn);
+        stream_cut(server, stream);
         pthread_mutex_unlock(&server->lock);
         return 0;
     }
@@ -536,8 +602,17 @@ int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end
         stream->buffer = grown;
         stream->capacity = capacity;
     }
+    if (length > 0 && stream->length == stream->offset) clock_gettime(CLOCK_MONOTONIC, &stream->waiting_since);
     memcpy(stream->buffer + stream->length, bytes, length);
     stream->length += length;
+    if (stream->listed) {
+        server->stream_pending += length;
+        enforce_budget(server);
+        if (stream->ended) {  // cut for the budget just now
+            pthread_mutex_unlock(&server->lock);
+            return 0;
+        }
+    }
     if (end) stream->ended = 1;
     resume(server, stream->conn);
     pthread_mutex_unlock(&server->lock);
@@ -632,6 +707,19 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
 }
 
 uint16_t fd_http_port(const fd_http_server *server) { return server->port; }
+
+size_t fd_http_stream_pending(fd_http_server *server) {
+    pthread_mutex_lock(&server->lock);
+    size_t pending = server->stream_pending;
+    pthread_mutex_unlock(&server->lock);
+    return pending;
+}
+
+void fd_http_set_stream_budget(fd_http_server *server, size_t bytes) {
+    pthread_mutex_lock(&server->lock);
+    server->stream_budget = bytes;
+    pthread_mutex_unlock(&server->lock);
+}
 
 void fd_http_stop(fd_http_server *server) {
     if (server == NULL) return;

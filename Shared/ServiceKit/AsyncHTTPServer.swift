@@ -177,12 +177,14 @@ public final class AsyncHTTPServer: Sendable {
 
     /// `headers` and `query`: the names the handler reads. `connectionMemory`:
     /// libmicrohttpd's pool per connection, which a request head must fit in.
-    /// `headCheck`: asked about each request's head as soon as it is in,
+    /// `streamBudget`: the most all streams together may queue for their
+    /// clients (0: no limit); over it, the one whose bytes waited longest is
+    /// cut off. `headCheck`: asked about each request's head as soon as it is in,
     /// before the body and the 413 (on the server's thread: it must not block).
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
-        maxConnections: UInt32 = AsyncHTTPServer.maxConnections, connectionMemory: Int = 16 << 10, headers: [String], query: [String],
-        headCheck: HeadCheck? = nil,
+        maxConnections: UInt32 = AsyncHTTPServer.maxConnections, connectionMemory: Int = 16 << 10, streamBudget: Int = 0,
+        headers: [String], query: [String], headCheck: HeadCheck? = nil,
         handler: @escaping Handler
     ) throws {
         guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
@@ -216,9 +218,19 @@ public final class AsyncHTTPServer: Sendable {
             box.release()
             throw HTTPServerError(String(cBuffer: error))
         }
+        fd_http_set_stream_budget(started, max(0, streamBudget))
         self.box = box
         self.server = Mutex(Int(bitPattern: UnsafeRawPointer(started)))
         self.port = Int(fd_http_port(started))
+    }
+
+    /// The bytes all streams queue for their clients now (beyond what the
+    /// kernel holds for them): what `streamBudget` bounds.
+    public var streamBytesQueued: Int {
+        server.withLock { s in
+            guard let pointer = OpaquePointer(bitPattern: s) else { return 0 }
+            return Int(clamping: fd_http_stream_pending(pointer))
+        }
     }
 
     /// Stops serving: open connections are closed, no handler runs once it returns.

@@ -1,0 +1,99 @@
+import Foundation
+import Glibc
+@testable import ServiceKit
+import Synchronization
+import Testing
+
+/// A client on a socket of its own with a small receive buffer, that reads
+/// nothing until `readAll`.
+private final class QuietClient {
+    let fd: Int32
+
+    init(port: Int, path: String) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var size: Int32 = 4096
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else {
+            close(fd)
+            throw HTTPServerError("cannot connect")
+        }
+        _ = "GET \(path) HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".withCString { send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
+    }
+
+    /// Every byte until the server closes (or 10 s pass without one), the head included.
+    func readAll() -> Int {
+        var total = 0
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            if n <= 0 { return total }
+            total += n
+        }
+    }
+
+    deinit { close(fd) }
+}
+
+@Suite("HTTP streams' shared budget")
+struct HTTPStreamBudgetTests {
+    /// All streams together queue at most the server's budget for their
+    /// clients: when two clients read nothing, the one whose bytes have waited
+    /// longer is cut off, and the other keeps its stream and gets every byte
+    /// once it reads. (Each alone stays under its own per-stream limit.)
+    @Test func overTheBudgetTheStreamThatWaitedLongestIsCut() async throws {
+        let streams = Mutex<[String: HTTPStream]>([:])
+        let server = try AsyncHTTPServer(
+            host: "127.0.0.1", port: 0, maxBody: 0, streamBudget: 3 << 20, headers: [], query: []
+        ) { request, responder in
+            if let stream = responder.stream(status: 200, contentType: "application/octet-stream") {
+                streams.withLock { $0[request.path] = stream }
+            }
+        }
+        defer { server.stop() }
+        let piece = Data(repeating: 0x61, count: 64 << 10)
+        func stream(_ path: String) async throws -> HTTPStream {
+            let deadline = ContinuousClock.now + .seconds(10)
+            while ContinuousClock.now < deadline {
+                if let s = streams.withLock({ $0[path] }) { return s }
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            throw HTTPServerError("\(path) was not answered")
+        }
+        /// Writes in pieces (as events come), letting the server's thread hand
+        /// the kernel what it takes, until `done`: the bytes written, or nil
+        /// once a write was refused (the stream cut off).
+        func fill(_ s: HTTPStream, until done: () -> Bool) async throws -> Int? {
+            var written = 0
+            while !done(), written < 64 << 20 {
+                guard s.write(piece, limit: Int.max / 2) else { return nil }
+                written += piece.count
+                try await Task.sleep(for: .milliseconds(1))
+            }
+            return written
+        }
+        // The first client's bytes fill what the kernel keeps for it, then 2 MiB wait in the server.
+        let first = try QuietClient(port: server.port, path: "/first")
+        let firstStream = try await stream("/first")
+        let firstWritten = try #require(try await fill(firstStream) { server.streamBytesQueued >= 2 << 20 }, "alone, under the budget")
+        // The second's fill the rest: past 3 MiB together, the first (waiting longer) is cut, not the second.
+        let second = try QuietClient(port: server.port, path: "/second")
+        let secondStream = try await stream("/second")
+        let secondWritten = try #require(try await fill(secondStream) { firstStream.isClientGone }, "the second is not the one cut")
+        #expect(!firstStream.write(piece, limit: Int.max / 2), "the first was cut off")
+        #expect(server.streamBytesQueued <= 3 << 20)
+        #expect(secondStream.write(Data(), end: true, limit: Int.max / 2))
+        let secondRead = second.readAll()
+        #expect(secondRead > secondWritten, "the second got all \(secondWritten) bytes and its head: \(secondRead)")
+        let firstRead = first.readAll()
+        #expect(firstRead < firstWritten, "the first got only what was sent before the cut: \(firstRead) of \(firstWritten)")
+    }
+}
