@@ -237,10 +237,9 @@ final class GatewayService: Service {
         error.status == 401 ? ("WWW-Authenticate", "Bearer") : error.status == 503 || error.status == 429 ? ("Retry-After", "1") : nil
     }
 
-    /// What answers a request from its head alone, before its body is read
-    /// (on the HTTP server's thread): one that needs a token and has no
-    /// valid one gets its 401 at once, whatever its body, so it learns
-    /// nothing of the body limit (nor waits for a body to be read).
+    /// What answers a request, from its head alone (on the HTTP server's
+    /// thread): one that needs a token and has no valid one gets its 401,
+    /// also with a body over the limit (not the 413 a user's would get).
     func refusal(forHead request: AsyncHTTPRequest) -> HTTPRefusal? {
         guard Self.needsToken(GatewayEndpoint.parse(method: request.method, path: request.path), request) else { return nil }
         do {
@@ -270,7 +269,15 @@ final class GatewayService: Service {
         var digest = [UInt8](repeating: 0, count: 32)
         let bytes = Array(text.utf8)
         guard fd_sha256(bytes, bytes.count, &digest) == 1 else { return "" }
-        return digest.map { String(format: "%02x", $0) }.joined()
+        // Runs for every /v1 request on the HTTP server's thread (the head check): no formatter.
+        let hex = Array("0123456789abcdef".utf8)
+        var text = [UInt8]()
+        text.reserveCapacity(64)
+        for byte in digest {
+            text.append(hex[Int(byte >> 4)])
+            text.append(hex[Int(byte & 0x0F)])
+        }
+        return String(decoding: text, as: UTF8.self)
     }
 
     private func json(_ responder: HTTPResponder, _ status: Int, _ body: Data) -> Int {
@@ -356,15 +363,18 @@ final class GatewayService: Service {
             // other endpoint: the answer must not tell whether someone else used the id.
             // A known dispatch without a user (sent to the broker directly) is nobody's to take.
             let known = state.owner(id)  // one look: an event may come in between
+            var claim = GatewayState.Claim.held
             switch known {
             case .some(let owner): guard owner == user else { throw GatewayError.notFound }
-            case .none: guard state.claim(id, by: user, now: Date()) else { throw GatewayError.notFound }
+            case .none:
+                claim = state.claim(id, by: user, now: Date())
+                guard claim != .refused else { throw GatewayError.notFound }
             }
             if known == nil {
                 do {
                     try await publish(CommandKey.request, id: id, body: body)
                 } catch {
-                    state.unclaim(id, by: user)
+                    if claim == .new { state.unclaim(id, by: user) }
                     throw error
                 }
                 _ = await state.waitForEvent(id, timeout: settings.firstEventWait)

@@ -156,21 +156,26 @@ final class GatewayState: Sendable {
     /// Remembers that `user` posted a request for `id` through this replica
     /// (the first poster's; when full, nothing more until housekeeping prunes).
     /// In one step with the check, so that two users posting one id at once
-    /// do not both pass it: false when another user posted it here within
-    /// the window (their request goes ahead; this one is refused).
-    func claim(_ id: String, by user: String, now: Date) -> Bool {
+    /// do not both pass it: `.refused` when another user posted it here
+    /// within the window (their request goes ahead), `.new` when this call
+    /// recorded it, `.held` when it was this user's already.
+    func claim(_ id: String, by user: String, now: Date) -> Claim {
         state.withLock { s in
-            guard !s.book.knows(id) else { return s.book.isOwned(id, by: user) }  // its events decide who owns it
+            guard !s.book.knows(id) else { return s.book.isOwned(id, by: user) ? .held : .refused }  // its events decide
             if let p = s.posted[id], now.timeIntervalSince(p.at) < postedFor {
-                return p.user == user
+                return p.user == user ? .held : .refused
             }
-            if s.posted[id] != nil || s.posted.count < Self.maxPosted { s.posted[id] = (user, now) }
-            return true
+            guard s.posted[id] != nil || s.posted.count < Self.maxPosted else { return .held }  // full: nothing recorded
+            s.posted[id] = (user, now)
+            return .new
         }
     }
 
-    /// Takes back `user`'s claim on `id` (its request never reached the
-    /// broker): another user is not kept out for the window by nothing.
+    enum Claim { case refused, held, new }
+
+    /// Takes back the claim `claim` made for `user` (its request never
+    /// reached the broker): another user is not kept out for the window by
+    /// nothing. One held from an earlier request stays.
     func unclaim(_ id: String, by user: String) {
         state.withLock { s in
             if s.posted[id]?.user == user { s.posted[id] = nil }

@@ -37,7 +37,7 @@ let streamBufferBytes: Int
 do {
     port = try values.int("FRONTDESK_GATEWAY_PORT", default: 8080, in: 0...65535)
     streamsPerUser = try values.int(
-        "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: GatewayState.defaultMaxStreamsPerUser, in: 1...Int(AsyncHTTPServer.maxConnections))
+        "FRONTDESK_GATEWAY_STREAMS_PER_USER", default: GatewayState.defaultMaxStreamsPerUser, in: 1...65_536)
     replayBytes = try values.int("FRONTDESK_GATEWAY_REPLAY_BYTES", default: GatewayState.defaultMaxReplayBytes, in: 1024...(1 << 30))
     streamBufferBytes = try values.int(
         "FRONTDESK_GATEWAY_STREAM_BUFFER_BYTES", default: GatewayState.defaultStreamBufferBytes, in: (1 << 20)...(1 << 40))

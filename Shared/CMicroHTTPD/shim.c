@@ -154,6 +154,10 @@ struct fd_request {
     int refs;
     unsigned status;
     struct MHD_Response *response;
+    /// The owner's answer to its head (`head_check`), given once its body is
+    /// read (or at once, with a body over the limit) instead of the handler's.
+    int refused;
+    fd_refusal refusal;
 };
 
 struct fd_stream {
@@ -202,6 +206,9 @@ static void request_unref(fd_request *request) {
     free(request->method);
     free(request->path);
     free(request->body);
+    free(request->refusal.body);
+    free(request->refusal.header_name);
+    free(request->refusal.header_value);
     free(request);
     server_unref(server);
 }
@@ -236,39 +243,48 @@ static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
     return queued;
 }
 
-/// The owner's answer to this head, if it has one (say, a 401 for a request
-/// without a valid token): queued at once, before any of the body is read,
-/// whatever its size, so its answer and timing tell nothing of the limit.
-/// MHD_YES with `*answered` 0 when the request goes on.
-static enum MHD_Result check_head(fd_request *request, int *answered) {
+/// Asks the owner about the request's head (on its first call): a refusal
+/// (say, a 401 for a request without a valid token) is kept for the answer.
+static void check_head(fd_request *request) {
     fd_http_server *server = request->server;
-    *answered = 0;
-    if (server->head_check == NULL) return MHD_YES;
+    if (server->head_check == NULL) return;
     fd_refusal refusal = {0, NULL, 0, NULL, NULL};
-    int refused = server->head_check(server->context, request, &refusal) == 1;
-    enum MHD_Result queued = MHD_YES;
-    if (refused) {
-        *answered = 1;
-        queued = MHD_NO;
-        unsigned status = refusal.status >= 400 && refusal.status <= 599 ? refusal.status : 500;
-        struct MHD_Response *response = MHD_create_response_from_buffer(
-            refusal.body != NULL ? refusal.body_length : 0, refusal.body != NULL ? refusal.body : "", MHD_RESPMEM_MUST_COPY);
-        if (response != NULL) {
-            MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-            MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-            MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
-            MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");  // its body, if any, is never read
-            if (refusal.header_name != NULL && refusal.header_value != NULL) {
-                MHD_add_response_header(response, refusal.header_name, refusal.header_value);
-            }
-            queued = MHD_queue_response(request->connection, status, response);
-            MHD_destroy_response(response);
-        }
+    if (server->head_check(server->context, request, &refusal) == 1) {
+        request->refused = 1;
+        request->refusal = refusal;  // freed with the request
+    } else {
+        free(refusal.body);
+        free(refusal.header_name);
+        free(refusal.header_value);
     }
-    free(refusal.body);
-    free(refusal.header_name);
-    free(refusal.header_value);
+}
+
+/// Queues the kept refusal. `unread`: the body was not (all) read, so the
+/// connection closes after it.
+static enum MHD_Result queue_refusal(fd_request *request, int unread) {
+    const fd_refusal *refusal = &request->refusal;
+    unsigned status = refusal->status >= 400 && refusal->status <= 599 ? refusal->status : 500;
+    struct MHD_Response *response = MHD_create_response_from_buffer(
+        refusal->body != NULL ? refusal->body_length : 0, refusal->body != NULL ? refusal->body : "", MHD_RESPMEM_MUST_COPY);
+    if (response == NULL) return MHD_NO;
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
+    if (unread) MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (refusal->header_name != NULL && refusal->header_value != NULL) {
+        MHD_add_response_header(response, refusal->header_name, refusal->header_value);
+    }
+    enum MHD_Result queued = MHD_queue_response(request->connection, status, response);
+    MHD_destroy_response(response);
     return queued;
+}
+
+/// A body over the limit: the owner's refusal if it has one for this head
+/// (a request without its credentials gets the answer any other would),
+/// else 413. The connection closes: the rest of the body is not read.
+static enum MHD_Result queue_over_limit(fd_request *request) {
+    request->state = REQUEST_QUEUED;
+    return request->refused ? queue_refusal(request, 1) : queue_too_large(request->connection);
 }
 
 /// Called with each request's URI as sent, before it is decoded: its path
@@ -305,17 +321,9 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         *con_cls = request;
         // An untracked connection (out of memory when it opened) could never be resumed: refused.
         if (request->method == NULL || request->path == NULL || request->conn == NULL) return MHD_NO;
-        int answered = 0;
-        enum MHD_Result checked = check_head(request, &answered);
-        if (answered) {
-            request->state = REQUEST_QUEUED;
-            return checked;
-        }
+        check_head(request);
         const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) {
-            request->state = REQUEST_QUEUED;
-            return queue_too_large(connection);
-        }
+        if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) return queue_over_limit(request);
         return MHD_YES;
     }
     if (*upload_data_size != 0) {
@@ -346,9 +354,10 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         request->length += size;
         return MHD_YES;
     }
-    if (request->state == REQUEST_OVERSIZED) {  // the whole body is in: now the 413 can go
+    if (request->state == REQUEST_OVERSIZED) return queue_over_limit(request);  // the whole body is in: now the answer can go
+    if (request->refused && request->state == REQUEST_READING) {  // read whole: answered without the handler
         request->state = REQUEST_QUEUED;
-        return queue_too_large(connection);
+        return queue_refusal(request, 0);
     }
     pthread_mutex_lock(&server->lock);
     if (server->stopping) {

@@ -109,7 +109,7 @@ public final class HTTPStream: Sendable {
     }
 }
 
-/// A request's answer decided by the server's owner before its body is read.
+/// A request's answer decided by the server's owner from its head.
 public struct HTTPRefusal: Sendable {
     public var status: Int
     /// JSON.
@@ -126,15 +126,16 @@ public struct HTTPRefusal: Sendable {
 /// An HTTP/1.1 server on libmicrohttpd for the gateway: requests are
 /// answered asynchronously (the connection waits suspended, holding no
 /// thread), responses may stream, a request its owner refuses from its head
-/// (`headCheck`) is answered before its body is read, bodies over `maxBody`
-/// get 413 before they are read, idle connections close after `idleTimeoutSeconds`, and one still
+/// (`headCheck`) gets that answer instead of the handler's, bodies over
+/// `maxBody` get 413 (or that refusal) before they are read, idle connections close after `idleTimeoutSeconds`, and one still
 /// sending its request `requestTimeoutSeconds` after it opened (or after its
 /// last response) is cut off.
 public final class AsyncHTTPServer: Sendable {
     public typealias Handler = @Sendable (AsyncHTTPRequest, HTTPResponder) -> Void
 
-    /// What answers a request at once from its head alone (it has no body
-    /// yet, and none is read); nil to go on.
+    /// What answers a request, decided from its head alone (it has no body
+    /// yet): given once its body is read, or at once for a body over the
+    /// limit instead of the 413; nil to go on.
     public typealias HeadCheck = @Sendable (AsyncHTTPRequest) -> HTTPRefusal?
 
     private final class Box: Sendable {
@@ -179,8 +180,8 @@ public final class AsyncHTTPServer: Sendable {
     /// libmicrohttpd's pool per connection, which a request head must fit in.
     /// `streamBudget`: the most all streams together may queue for their
     /// clients (0: no limit); over it, the one whose bytes waited longest is
-    /// cut off. `headCheck`: asked about each request's head as soon as it is in,
-    /// before the body and the 413 (on the server's thread: it must not block).
+    /// cut off. `headCheck`: asked about each request's head as soon as it is in
+    /// (on the server's thread: it must not block).
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
         maxConnections: UInt32 = AsyncHTTPServer.maxConnections, connectionMemory: Int = 16 << 10, streamBudget: Int = 0,

@@ -34,9 +34,9 @@ typedef struct fd_stream fd_stream;
 
 typedef void (*fd_async_handler)(void *context, fd_request *request);
 
-/// An answer decided from a request's head, before its body is read: its
-/// status, JSON body (`body_length` bytes) and one more header (each
-/// malloc'd, freed by the server; the header's name and value may be NULL).
+/// An answer decided from a request's head: its status, JSON body
+/// (`body_length` bytes) and one more header (each malloc'd, freed by the
+/// server; the header's name and value may be NULL).
 typedef struct fd_refusal {
     unsigned status;
     char *body;
@@ -46,13 +46,14 @@ typedef struct fd_refusal {
 
 /// Asked, on the server's thread, about each request's head (method, path,
 /// headers; no body) as soon as it is in: 1 with `refusal` filled to answer
-/// that at once (a request without its credentials, whatever its body: it
-/// is not read, and the connection closes), 0 to go on. Must not block.
+/// that instead of the handler (a request without its credentials) once its
+/// body is read, or at once with a body over the limit instead of the 413;
+/// 0 to go on. Must not block.
 typedef int (*fd_head_check)(void *context, fd_request *request, fd_refusal *refusal);
 
 /// Starts serving on host:port (port 0: any free one; read it back with
 /// fd_http_port); NULL on failure, with a reason in `error`. Bodies over `max_body` are answered 413 at
-/// once, without the handler (after `head_check`, when given). A connection still reading a request
+/// once, without the handler (or as `head_check` says, when given). A connection still reading a request
 /// `max_age_s` after it opened, or after its last response, is closed.
 /// `memory_limit`: each connection's pool, which a request head must fit in.
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
