@@ -70,8 +70,8 @@ final class GatewayState: Sendable {
     /// What one stream's replay queues at most before it ends the stream (see `subscribe`).
     let maxReplayBytes: Int
     static let defaultMaxReplayBytes = 4 << 20
-    /// What all streams together may queue for their clients: 32 streams
-    /// each at its own limit (a replay and the live events after it).
+    /// The memory all streams' buffers may hold together: 32 streams each at
+    /// its own limit (a replay and the live events after it).
     static let defaultStreamBufferBytes = 256 << 20
 
     init(

@@ -44,6 +44,11 @@ do {
 } catch {
     exitWithUsage(error.message)
 }
+// One stream at its own limit (a replay, then live events), in a buffer grown by doubling, must fit.
+let oneStream = 2 * (replayBytes + HTTPStream.limit)
+guard streamBufferBytes >= oneStream else {
+    exitWithUsage("FRONTDESK_GATEWAY_STREAM_BUFFER_BYTES must be at least \(oneStream) (twice FRONTDESK_GATEWAY_REPLAY_BYTES + 4 MiB), not \(streamBufferBytes)")
+}
 var tokens = GatewayTokens(users: [:])
 if let path = values["FRONTDESK_GATEWAY_TOKENS"] {
     guard let data = FileManager.default.contents(atPath: path) else { exitWithUsage("cannot read FRONTDESK_GATEWAY_TOKENS '\(path)'") }

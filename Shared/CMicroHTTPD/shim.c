@@ -35,10 +35,11 @@ struct fd_http_server {
     struct MHD_Daemon *daemon;
     fd_async_handler async_handler;
     fd_head_check head_check;
-    /// Every stream whose response is alive, and the bytes they all queue;
-    /// over `stream_budget` (0: none), the stream waiting longest is cut.
+    /// Every stream whose response is alive, and the memory their buffers
+    /// hold together; over `stream_budget` (0: none), the stream that has
+    /// waited longest for its client is cut.
     struct fd_stream *streams;
-    size_t stream_pending, stream_budget;
+    size_t stream_bytes, stream_budget;
     size_t max_body;
     void *context;
     uint16_t port;
@@ -172,8 +173,8 @@ struct fd_stream {
     /// On the server's list while its response is alive (for the budget).
     int listed;
     struct fd_stream *prev, *next;
-    /// Since when bytes have waited for its client without a pause (set
-    /// when its queue goes from empty to not).
+    /// Since when its client has taken nothing of what waits for it (set when
+    /// its queue goes from empty to not, and at each piece the client takes).
     struct timespec waiting_since;
 };
 
@@ -334,6 +335,11 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
             return request->length > oversized_cap(server) ? MHD_NO : MHD_YES;
         }
         if (request->state != REQUEST_READING) return MHD_YES;  // answered already: the rest is dropped
+        if (request->refused) {  // its answer is known: the body is only counted, never kept
+            request->length += size;
+            if (request->length > server->max_body) request->state = REQUEST_OVERSIZED;
+            return MHD_YES;
+        }
         if (request->length + size > server->max_body) {
             request->state = REQUEST_OVERSIZED;
             request->length += size;
@@ -454,38 +460,58 @@ void fd_request_answer(fd_request *request, unsigned status, const char *content
     if (!taken && response != NULL) MHD_destroy_response(response);
 }
 
-/// Under the lock: `n` bytes of the streams' queues went (never below zero).
-static void pending_drop(fd_http_server *server, size_t n) {
-    server->stream_pending = n > server->stream_pending ? 0 : server->stream_pending - n;
+/// Under the lock: the stream's buffer becomes `capacity` bytes (0: freed),
+/// keeping what waits in it (which must fit), and the server's count follows.
+/// 0 when memory is short (nothing changed).
+static int stream_resize(fd_http_server *server, fd_stream *stream, size_t capacity) {
+    if (stream->offset > 0 && stream->length > stream->offset) {
+        memmove(stream->buffer, stream->buffer + stream->offset, stream->length - stream->offset);
+    }
+    stream->length -= stream->offset;
+    stream->offset = 0;
+    char *buffer = NULL;
+    if (capacity > 0) {
+        buffer = realloc(stream->buffer, capacity);
+        if (buffer == NULL) return 0;
+    } else {
+        free(stream->buffer);
+    }
+    if (stream->listed) {
+        server->stream_bytes -= stream->capacity;
+        server->stream_bytes += capacity;
+    }
+    stream->buffer = buffer;
+    stream->capacity = capacity;
+    return 1;
 }
 
 static int earlier(const struct timespec *a, const struct timespec *b) {
     return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
-/// Under the lock: the client is cut off and what waited for it dropped
-/// (it counts no more against the budget); the response ends.
+/// Under the lock: the client is cut off and what waited for it dropped,
+/// its buffer freed at once; the response ends.
 static void stream_cut(fd_http_server *server, fd_stream *stream) {
     if (stream->conn != NULL && !stream->conn->shut) {
         shutdown(stream->conn->fd, SHUT_RDWR);
         stream->conn->shut = 1;
     }
-    if (stream->listed) pending_drop(server, stream->length - stream->offset);
     stream->offset = stream->length = 0;
+    stream_resize(server, stream, 0);
     stream->ended = 1;
     resume(server, stream->conn);
 }
 
-/// Under the lock: while all streams together queue more than the budget,
-/// the one whose bytes have waited longest (a client that stopped reading,
-/// not one that is being sent a long history) is cut.
+/// Under the lock: while the streams' buffers hold more than the budget,
+/// the stream whose client has taken nothing for longest (one that stopped
+/// reading, not one that is being sent a long history) is cut.
 static void enforce_budget(fd_http_server *server) {
-    while (server->stream_budget > 0 && server->stream_pending > server->stream_budget) {
+    while (server->stream_budget > 0 && server->stream_bytes > server->stream_budget) {
         fd_stream *oldest = NULL;
         for (fd_stream *t = server->streams; t != NULL; t = t->next) {
             if (t->length > t->offset && (oldest == NULL || earlier(&t->waiting_since, &oldest->waiting_since))) oldest = t;
         }
-        if (oldest == NULL) return;
+        if (oldest == NULL) return;  // only idle buffers (64 KiB at most each): none to cut
         stream_cut(server, oldest);
     }
 }
@@ -504,14 +530,12 @@ static ssize_t stream_read(void *cls, uint64_t position, char *out, size_t max) 
         if (n > max) n = max;
         memcpy(out, stream->buffer + stream->offset, n);
         stream->offset += n;
-        if (stream->listed) pending_drop(server, n);
-        if (stream->offset == stream->length) {
-            stream->offset = stream->length = 0;
-            if (stream->capacity > (64u << 10)) {  // a long history sent: its buffer is not kept
-                free(stream->buffer);
-                stream->buffer = NULL;
-                stream->capacity = 0;
-            }
+        clock_gettime(CLOCK_MONOTONIC, &stream->waiting_since);  // the client takes: it is not the one to cut
+        size_t left = stream->length - stream->offset;
+        if (left == 0) stream->offset = stream->length = 0;
+        // A long history sent (or mostly): its buffer is not kept at its largest.
+        if (stream->capacity > (64u << 10) && left <= stream->capacity / 4) {
+            stream_resize(server, stream, left == 0 ? 0 : stream->capacity / 2);
         }
         pthread_mutex_unlock(&server->lock);
         return (ssize_t)n;
@@ -530,9 +554,9 @@ static void stream_closed(void *cls) {
     fd_http_server *server = stream->server;
     pthread_mutex_lock(&server->lock);
     stream->closed = 1;
+    stream->offset = stream->length = 0;
+    stream_resize(server, stream, 0);  // nothing more is read or written
     if (stream->listed) {
-        pending_drop(server, stream->length - stream->offset);
-        stream->offset = stream->length = 0;
         if (stream->prev) stream->prev->next = stream->next; else server->streams = stream->next;
         if (stream->next) stream->next->prev = stream->prev;
         stream->prev = stream->next = NULL;
@@ -593,29 +617,24 @@ int fd_stream_write(fd_stream *stream, const void *bytes, size_t length, int end
         pthread_mutex_unlock(&server->lock);
         return 0;
     }
-    if (stream->offset > 0 && stream->length + length > stream->capacity) {
-        memmove(stream->buffer, stream->buffer + stream->offset, stream->length - stream->offset);
-        stream->length -= stream->offset;
-        stream->offset = 0;
-    }
     if (stream->length + length > stream->capacity) {
+        size_t waiting = stream->length - stream->offset;
         size_t capacity = stream->capacity ? stream->capacity : 1024;
-        while (capacity < stream->length + length) capacity *= 2;
-        char *grown = realloc(stream->buffer, capacity);
-        if (grown == NULL) {  // end it: what is queued goes out, then the connection closes
+        while (capacity < waiting + length) capacity *= 2;
+        if (!stream_resize(server, stream, capacity)) {
+            // Memory short: end it; what is queued goes out, then the connection closes.
             stream->ended = 1;
             resume(server, stream->conn);
             pthread_mutex_unlock(&server->lock);
             return 0;
         }
-        stream->buffer = grown;
-        stream->capacity = capacity;
     }
-    if (length > 0 && stream->length == stream->offset) clock_gettime(CLOCK_MONOTONIC, &stream->waiting_since);
-    memcpy(stream->buffer + stream->length, bytes, length);
-    stream->length += length;
+    if (length > 0) {
+        if (stream->length == stream->offset) clock_gettime(CLOCK_MONOTONIC, &stream->waiting_since);
+        memcpy(stream->buffer + stream->length, bytes, length);
+        stream->length += length;
+    }
     if (stream->listed) {
-        server->stream_pending += length;
         enforce_budget(server);
         if (stream->ended) {  // cut for the budget just now
             pthread_mutex_unlock(&server->lock);
@@ -717,11 +736,11 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
 
 uint16_t fd_http_port(const fd_http_server *server) { return server->port; }
 
-size_t fd_http_stream_pending(fd_http_server *server) {
+size_t fd_http_stream_bytes(fd_http_server *server) {
     pthread_mutex_lock(&server->lock);
-    size_t pending = server->stream_pending;
+    size_t bytes = server->stream_bytes;
     pthread_mutex_unlock(&server->lock);
-    return pending;
+    return bytes;
 }
 
 void fd_http_set_stream_budget(fd_http_server *server, size_t bytes) {

@@ -178,9 +178,9 @@ public final class AsyncHTTPServer: Sendable {
 
     /// `headers` and `query`: the names the handler reads. `connectionMemory`:
     /// libmicrohttpd's pool per connection, which a request head must fit in.
-    /// `streamBudget`: the most all streams together may queue for their
-    /// clients (0: no limit); over it, the one whose bytes waited longest is
-    /// cut off. `headCheck`: asked about each request's head as soon as it is in
+    /// `streamBudget`: the most memory all streams' buffers may hold
+    /// together (0: no limit); over it, the one whose client has taken
+    /// nothing for longest is cut off. `headCheck`: asked about each request's head as soon as it is in
     /// (on the server's thread: it must not block).
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
@@ -225,12 +225,12 @@ public final class AsyncHTTPServer: Sendable {
         self.port = Int(fd_http_port(started))
     }
 
-    /// The bytes all streams queue for their clients now (beyond what the
-    /// kernel holds for them): what `streamBudget` bounds.
-    public var streamBytesQueued: Int {
+    /// The memory all streams' buffers hold now (what waits for their
+    /// clients beyond what the kernel holds): what `streamBudget` bounds.
+    public var streamBufferBytes: Int {
         server.withLock { s in
             guard let pointer = OpaquePointer(bitPattern: s) else { return 0 }
-            return Int(clamping: fd_http_stream_pending(pointer))
+            return Int(clamping: fd_http_stream_bytes(pointer))
         }
     }
 

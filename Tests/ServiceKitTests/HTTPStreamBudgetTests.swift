@@ -10,22 +10,9 @@ private final class QuietClient {
     let fd: Int32
 
     init(port: Int, path: String) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var size: Int32 = 4096
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        fd = try connectTCP(port: port, receiveBuffer: 4096)
         var timeout = timeval(tv_sec: 10, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else {
-            close(fd)
-            throw HTTPServerError("cannot connect")
-        }
         _ = "GET \(path) HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".withCString { send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
     }
 
@@ -45,10 +32,10 @@ private final class QuietClient {
 
 @Suite("HTTP streams' shared budget")
 struct HTTPStreamBudgetTests {
-    /// All streams together queue at most the server's budget for their
-    /// clients: when two clients read nothing, the one whose bytes have waited
-    /// longer is cut off, and the other keeps its stream and gets every byte
-    /// once it reads. (Each alone stays under its own per-stream limit.)
+    /// All streams' buffers together hold at most the server's budget: when
+    /// two clients read nothing, the one that has taken nothing for longer is
+    /// cut off (its buffer freed), and the other keeps its stream and gets
+    /// every byte once it reads. (Each alone stays under its own limit.)
     @Test func overTheBudgetTheStreamThatWaitedLongestIsCut() async throws {
         let streams = Mutex<[String: HTTPStream]>([:])
         let server = try AsyncHTTPServer(
@@ -83,13 +70,13 @@ struct HTTPStreamBudgetTests {
         // The first client's bytes fill what the kernel keeps for it, then 2 MiB wait in the server.
         let first = try QuietClient(port: server.port, path: "/first")
         let firstStream = try await stream("/first")
-        let firstWritten = try #require(try await fill(firstStream) { server.streamBytesQueued >= 2 << 20 }, "alone, under the budget")
+        let firstWritten = try #require(try await fill(firstStream) { server.streamBufferBytes >= 2 << 20 }, "alone, under the budget")
         // The second's fill the rest: past 3 MiB together, the first (waiting longer) is cut, not the second.
         let second = try QuietClient(port: server.port, path: "/second")
         let secondStream = try await stream("/second")
         let secondWritten = try #require(try await fill(secondStream) { firstStream.isClientGone }, "the second is not the one cut")
         #expect(!firstStream.write(piece, limit: Int.max / 2), "the first was cut off")
-        #expect(server.streamBytesQueued <= 3 << 20)
+        #expect(server.streamBufferBytes <= 3 << 20)
         #expect(secondStream.write(Data(), end: true, limit: Int.max / 2))
         let secondRead = second.readAll()
         #expect(secondRead > secondWritten, "the second got all \(secondWritten) bytes and its head: \(secondRead)")

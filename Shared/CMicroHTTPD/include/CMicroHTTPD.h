@@ -11,14 +11,15 @@ typedef struct fd_http_server fd_http_server;
 
 uint16_t fd_http_port(const fd_http_server *server);
 
-/// The most all streams together may queue for their clients (0: no limit,
-/// the default): over it, the stream whose bytes have waited longest is cut
-/// off, so clients that stop reading cannot take the memory together that
-/// each alone may not.
+/// The most memory all streams' buffers may hold together (0: no limit, the
+/// default): over it, the stream whose client has taken nothing for longest
+/// is cut off (its buffer freed), so clients that stop reading cannot take
+/// together the memory each alone may not.
 void fd_http_set_stream_budget(fd_http_server *server, size_t bytes);
 
-/// What all streams queue for their clients now (beyond what the kernel holds).
-size_t fd_http_stream_pending(fd_http_server *server);
+/// The memory all streams' buffers hold now (what waits for their clients
+/// beyond what the kernel holds, in buffers grown by doubling).
+size_t fd_http_stream_bytes(fd_http_server *server);
 
 /// Stops the server: no handler runs after it returns.
 void fd_http_stop(fd_http_server *server);
