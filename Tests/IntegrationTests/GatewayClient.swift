@@ -103,7 +103,7 @@ extension TestGateway {
 
 extension RouterHarness {
     func startGateway(extraEnvironment: [String: String] = [:]) async throws -> TestGateway {
-        let port = 20000 + Int.random(in: 0..<12000)
+        let port = TestPorts.next()
         var env = ["FRONTDESK_GATEWAY_PORT": "\(port)", "FRONTDESK_GATEWAY_TOKENS": try TestGateway.tokensFile()]
         for (k, v) in extraEnvironment { env[k] = v }
         let p = try await start("frontdesk-gateway", extraEnvironment: env)

@@ -6,11 +6,15 @@ import Testing
 extension BrokerIntegration {
     @Suite("Recovery after the broker goes away", .timeLimit(.minutes(2)))
     struct RecoveryTests {
-        func client(_ name: String, queue: String) -> AMQPClient {
+        /// A client declaring `queue` (quorum); `onRestartFailure` runs at each
+        /// `consumerRestartFailed` (a broker's cancel, a failed restart).
+        func client(_ name: String, queue: String, onRestartFailure: (@Sendable () -> Void)? = nil) -> AMQPClient {
             var configuration = AMQPClient.Configuration(connection: TestBroker.configuration(name))
             configuration.reconnectBackoff = Backoff(baseMs: 100, maxMs: 1000)
             return AMQPClient(configuration: configuration, topology: { channel in
                 try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
+            }, onEvent: { event in
+                if case .consumerRestartFailed = event { onRestartFailure?() }
             })
         }
 
@@ -92,13 +96,7 @@ extension BrokerIntegration {
             let seen = Seen()
             let queue = TestBroker.uniqueName("cancelled")
             let name = "cancelled-\(UUID().uuidString.prefix(6))"
-            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration(name))
-            configuration.reconnectBackoff = Backoff(baseMs: 100, maxMs: 1000)
-            let client = AMQPClient(configuration: configuration, topology: { channel in
-                try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
-            }, onEvent: { event in
-                if case .consumerRestartFailed = event { seen.restartFailures.add(1, ordering: .relaxed) }
-            })
+            let client = client(name, queue: queue) { seen.restartFailures.add(1, ordering: .relaxed) }
             func channels() throws -> Int? {
                 try TestBroker.script(["ctl", "list_connections", "-q", "channels", "client_properties"])
                     .split(separator: "\n").first { $0.contains("frontdesk-test:\(name)") }
@@ -155,13 +153,7 @@ extension BrokerIntegration {
             let seen = Seen()
             let queue = TestBroker.uniqueName("stopped-start")
             let name = "stopped-start-\(UUID().uuidString.prefix(6))"
-            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration(name))
-            configuration.reconnectBackoff = Backoff(baseMs: 100, maxMs: 1000)
-            let client = AMQPClient(configuration: configuration, topology: { channel in
-                try await channel.queueDeclare(queue, arguments: ["x-queue-type": "quorum"])
-            }, onEvent: { event in
-                if case .consumerRestartFailed = event { seen.cancels.add(1, ordering: .relaxed) }
-            })
+            let client = client(name, queue: queue) { seen.cancels.add(1, ordering: .relaxed) }
             /// The channels of each of this client's connections the broker knows.
             func channels() throws -> [Int] {
                 try TestBroker.script(["ctl", "list_connections", "-q", "channels", "client_properties"])

@@ -280,8 +280,7 @@ final class RouterHarness: @unchecked Sendable {
     ) async throws -> (Process, exited: Bool) {
         let p = Process()
         p.executableURL = Bundle.main.executableURL!.deletingLastPathComponent().appendingPathComponent(executable)
-        // Below the ephemeral range (32768 and up), where outgoing connections take their ports.
-        let port = 20000 + Int.random(in: 0..<12000)
+        let port = TestPorts.next()
         let outer = ProcessInfo.processInfo.environment
         var env = outer
         env["AMQP_URL"] = "amqp://guest:guest@\(url.host):\(url.port)/\(vhost)"
@@ -394,4 +393,21 @@ func withHarness(_ name: String, _ body: (RouterHarness) async throws -> Void) a
         throw error
     }
     await h.stop()
+}
+
+/// Ports for the services the tests start: random, below the ephemeral range
+/// (32768 and up, where outgoing connections take theirs), and never the same
+/// twice in one test run. (Two services of one test once drew the same port:
+/// the second could not serve its probes, and the first's answered for it.)
+enum TestPorts {
+    private static let given = Mutex<Set<Int>>([])
+
+    static func next() -> Int {
+        given.withLock { given in
+            while true {
+                let port = 20000 + Int.random(in: 0..<12000)
+                if given.insert(port).inserted { return port }
+            }
+        }
+    }
 }

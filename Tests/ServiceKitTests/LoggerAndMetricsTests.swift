@@ -186,18 +186,6 @@ struct HTTPServerTests {
         #expect(throws: HTTPServerError.self) { try HTTPServer(host: "127.0.0.1", port: 70_000, handler: { _ in HTTPResponse(status: 200, body: "") }) }
     }
 
-    func connectTCP(port: Int) throws -> Int32 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else { throw ConnectFailed() }
-        return fd
-    }
 
     func get(_ url: String) async throws -> (Int, String) { try await request(url, method: "GET") }
 
@@ -284,4 +272,25 @@ struct ConnectionLimitTests {
         #expect(HTTPServer.connectionLimit(descriptors: 100, share: 1) == 64, "never fewer than 64")
         #expect(HTTPServer.connectionLimit(descriptors: .max, share: 9) == 16_384, "no trap on any input")
     }
+}
+
+/// A TCP connection to 127.0.0.1:`port`; `receiveBuffer`: its SO_RCVBUF,
+/// set before it connects (what the server sends beyond it waits there).
+func connectTCP(port: Int, receiveBuffer: Int32? = nil) throws -> Int32 {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    if var size = receiveBuffer {
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+    }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = in_port_t(UInt16(port).bigEndian)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let rc = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard rc == 0 else {
+        close(fd)
+        throw ConnectFailed()
+    }
+    return fd
 }
