@@ -54,7 +54,14 @@ final class ConsumerRegistration: Sendable {
                     if !hasEnded.load(ordering: .acquiring) { deliver(delivery) }
                 },
                 finish: { error in
-                    if let error, error.code == .consumerCancelled { onBrokerCancel(error) }
+                    // The broker cancelled it (its queue deleted, a leader moved) or closed its channel
+                    // (a delivery held past the broker's `consumer_timeout`, an ack it did not know):
+                    // started again. Our own closes carry no reply code; a connection's end is the
+                    // reconnect's to mend.
+                    guard let error else { return }
+                    if error.code == .consumerCancelled || (error.code == .channelClosed && error.replyCode != nil) {
+                        onBrokerCancel(error)
+                    }
                 })
             let tag = try await channel.consume(
                 queue: specification.queue, consumerTag: "", noAck: false, exclusive: specification.exclusive,

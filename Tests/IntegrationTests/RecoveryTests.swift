@@ -208,6 +208,37 @@ extension BrokerIntegration {
             await runner.value
         }
 
+        /// A consumer whose channel the broker closes starts again on a new
+        /// one: here for an ack the broker did not know (it closes the channel
+        /// with 406), in production also for a delivery held past the broker's
+        /// `consumer_timeout` (30 minutes: a pusher holding events while APNs
+        /// is away). It used to stay silent until the next connection.
+        @Test func aConsumerWhoseChannelTheBrokerClosedStartsAgain() async throws {
+            final class Seen: Sendable {
+                let bodies = Mutex<[String]>([])
+                let restarts = Atomic<Int>(0)
+            }
+            let seen = Seen()
+            let queue = TestBroker.uniqueName("closed-under")
+            let client = client("closed-under-\(UUID().uuidString.prefix(6))", queue: queue) { seen.restarts.add(1, ordering: .relaxed) }
+            let runner = Task { await client.run() }
+            try await client.waitUntilConnected()
+            let stop = await client.consume(ConsumerSpecification(queue: queue, prefetchCount: 10), deliver: { d in
+                let body = String(decoding: d.body, as: UTF8.self)
+                seen.bodies.withLock { $0.append(body) }
+                try? d.ack()
+                if body == "twice" { try? d.ack() }  // an ack the broker no longer knows: it closes the channel
+            }, ended: {})
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("twice".utf8)))
+            try await waitUntil("the channel closed under the consumer") { seen.restarts.load(ordering: .relaxed) >= 1 }
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("after".utf8), mandatory: true))
+            try await waitUntil("the consumer takes the message sent after") { seen.bodies.withLock { $0 } == ["twice", "after"] }
+            await stop()
+            try await client.withChannel { try await $0.queueDelete(queue) }
+            await client.shutdown()
+            await runner.value
+        }
+
         /// A consumer's `ended` runs once, however often it is stopped; one
         /// asked for after the client shut down ends at once (nothing would
         /// ever start or end it: a caller reading its sequence waited for ever).
