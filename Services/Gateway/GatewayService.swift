@@ -147,7 +147,9 @@ final class GatewayService: Service {
                 argumentsOnStart: { [self] in
                     beginCatchUp()
                     return nil
-                }),
+                },
+                // Exclusive and auto-delete: it went with its consumer's channel (the log covers the gap).
+                redeclare: { [liveQueue = settings.liveQueue] in try await Self.declareLiveQueue(liveQueue, on: $0) }),
             deliver: { [self] d in
                 var gaveUp = false
                 let held = logPosition.withLock { p -> Bool in

@@ -12,16 +12,21 @@ public struct ConsumerSpecification: Sendable {
     /// connection, every restart after the broker cancelled it) instead:
     /// a stream consumer resumes where it left off, not where it began.
     public var argumentsOnStart: (@Sendable () -> FieldTable?)?
+    /// Declares its queue again before a restart on the same connection
+    /// (one that goes with its consumer: exclusive, auto-delete). Without
+    /// it, a restart waits until a passive declare finds the queue.
+    public var redeclare: (@Sendable (AMQPChannel) async throws -> Void)?
 
     public init(
         queue: String, prefetchCount: UInt16 = 50, exclusive: Bool = false, arguments: FieldTable? = nil,
-        argumentsOnStart: (@Sendable () -> FieldTable?)? = nil
+        argumentsOnStart: (@Sendable () -> FieldTable?)? = nil, redeclare: (@Sendable (AMQPChannel) async throws -> Void)? = nil
     ) {
         self.queue = queue
         self.prefetchCount = prefetchCount
         self.exclusive = exclusive
         self.arguments = arguments
         self.argumentsOnStart = argumentsOnStart
+        self.redeclare = redeclare
     }
 }
 
@@ -38,6 +43,18 @@ final class ConsumerRegistration: Sendable {
     /// Set once `ended` ran: a delivery after it (to a start that raced the
     /// stop, whose channel is then closed) is not handed over, and goes back.
     private let hasEnded = Atomic<Bool>(false)
+    /// Restarts in a row (each within a minute of the last): a consumer the
+    /// broker ends again right after each start is tried less and less often.
+    private let restarts = Mutex<(count: Int, last: ContinuousClock.Instant?)>((0, nil))
+
+    /// The back-off attempt a new restart begins at.
+    func nextRestartAttempt(now: ContinuousClock.Instant = .now) -> Int {
+        restarts.withLock { r in
+            r.count = r.last.map { now - $0 < .seconds(60) } == true ? r.count + 1 : 1
+            r.last = now
+            return r.count
+        }
+    }
 
     init(specification: ConsumerSpecification, deliver: @escaping @Sendable (AMQPDelivery) -> Void, ended: @escaping @Sendable () -> Void) {
         self.specification = specification
@@ -222,7 +239,7 @@ extension AMQPClient {
         func isCurrent() -> Bool {
             state.withLock { s in s.live?.connection === connection && s.consumers.values.contains { $0 === registration } }
         }
-        var attempt = 0
+        var attempt = registration.nextRestartAttempt() - 1
         while true {
             attempt += 1
             try? await Task.sleep(for: .milliseconds(Self.consumerRestartBackoff.delayMs(afterAttempt: attempt)))
@@ -231,7 +248,13 @@ extension AMQPClient {
                 // Only once its queue is there: a start asks the consumer for
                 // its arguments, and that may begin work of its own (the
                 // gateway holds its live events until its log catches up).
-                _ = try await connection.withChannel { try await $0.queueDeclare(registration.specification.queue, passive: true) }
+                // One that went with its consumer is declared again.
+                let specification = registration.specification
+                if let redeclare = specification.redeclare {
+                    try await connection.withChannel { try await redeclare($0) }
+                } else {
+                    _ = try await connection.withChannel { try await $0.queueDeclare(specification.queue, passive: true) }
+                }
                 try await start(registration, on: connection)
                 // Its connection was replaced while it started: the new one starts it.
                 if !isCurrent() { await registration.closeActive(on: connection) }

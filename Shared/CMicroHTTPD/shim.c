@@ -506,12 +506,17 @@ static void stream_cut(fd_http_server *server, fd_stream *stream) {
 /// the stream whose client has taken nothing for longest (one that stopped
 /// reading, not one that is being sent a long history) is cut.
 static void enforce_budget(fd_http_server *server) {
-    while (server->stream_budget > 0 && server->stream_bytes > server->stream_budget) {
+    if (server->stream_budget == 0 || server->stream_bytes <= server->stream_budget) return;
+    // First what no client waits for: idle buffers (4 KiB at most each) are freed, no stream cut.
+    for (fd_stream *t = server->streams; t != NULL; t = t->next) {
+        if (t->length == t->offset && t->capacity > 0) stream_resize(server, t, 0);
+    }
+    while (server->stream_bytes > server->stream_budget) {
         fd_stream *oldest = NULL;
         for (fd_stream *t = server->streams; t != NULL; t = t->next) {
             if (t->length > t->offset && (oldest == NULL || earlier(&t->waiting_since, &oldest->waiting_since))) oldest = t;
         }
-        if (oldest == NULL) return;  // only idle buffers (64 KiB at most each): none to cut
+        if (oldest == NULL) return;
         stream_cut(server, oldest);
     }
 }
@@ -533,9 +538,12 @@ static ssize_t stream_read(void *cls, uint64_t position, char *out, size_t max) 
         clock_gettime(CLOCK_MONOTONIC, &stream->waiting_since);  // the client takes: it is not the one to cut
         size_t left = stream->length - stream->offset;
         if (left == 0) stream->offset = stream->length = 0;
-        // A long history sent (or mostly): its buffer is not kept at its largest.
-        if (stream->capacity > (64u << 10) && left <= stream->capacity / 4) {
-            stream_resize(server, stream, left == 0 ? 0 : stream->capacity / 2);
+        // All sent: the buffer is kept only if small (a stream mostly waits idle, and idle buffers
+        // count against the budget too). Mostly sent: not kept at its largest.
+        if (left == 0 && stream->capacity > (4u << 10)) {
+            stream_resize(server, stream, 0);
+        } else if (stream->capacity > (64u << 10) && left <= stream->capacity / 4) {
+            stream_resize(server, stream, stream->capacity / 2);
         }
         pthread_mutex_unlock(&server->lock);
         return (ssize_t)n;

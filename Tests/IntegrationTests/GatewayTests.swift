@@ -439,6 +439,35 @@ extension BrokerIntegration {
             }
         }
 
+        /// The gateway's live queue (exclusive, auto-delete) goes when its
+        /// consumer's channel does, or when someone deletes it: it is
+        /// declared again and consumed, and dispatches go on showing. A
+        /// restart used to wait for a passive declare that could never find it.
+        @Test func aLiveQueueDeletedUnderTheGatewayIsDeclaredAgain() async throws {
+            try await withHarness("gw-live") { h in
+                try await h.startRouter()
+                try await h.startSender()
+                let gw = try await h.startGateway()
+                /// The gateway's live queues and their consumers.
+                func live() throws -> [String: Int] {
+                    var found: [String: Int] = [:]
+                    for line in try TestBroker.script(["ctl", "list_queues", "-p", h.vhost, "-q", "name", "consumers"]).split(separator: "\n") {
+                        let fields = line.split(separator: "\t")
+                        if fields.count == 2, fields[0].hasPrefix("frontdesk.gateway.live.") { found[String(fields[0])] = Int(fields[1]) }
+                    }
+                    return found
+                }
+                try await waitUntil("the live queue consumed") { try live().count == 1 && live().values.first == 1 }
+                let name = try #require(try live().keys.first)
+                _ = try TestBroker.script(["ctl", "delete_queue", "-p", h.vhost, name])  // (exclusive: no other connection may)
+                try await waitUntil("the live queue declared and consumed again") { try live() == [name: 1] }
+                #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"live-1","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+                try await waitUntil("live-1 queued, as the gateway shows it") {
+                    (try? await gw.call("GET", "/v1/dispatches/live-1").body["state"] as? String) == "queued"
+                }
+            }
+        }
+
         @Test func aGatewayStoppedUnderLoadExitsCleanly() async throws {
             try await withHarness("gw-stop") { h in
                 try await h.startRouter()

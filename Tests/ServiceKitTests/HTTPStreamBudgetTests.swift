@@ -9,8 +9,8 @@ import Testing
 private final class QuietClient {
     let fd: Int32
 
-    init(port: Int, path: String) throws {
-        fd = try connectTCP(port: port, receiveBuffer: 4096)
+    init(port: Int, path: String, receiveBuffer: Int32? = 4096) throws {
+        fd = try connectTCP(port: port, receiveBuffer: receiveBuffer)
         var timeout = timeval(tv_sec: 10, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         _ = "GET \(path) HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".withCString { send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
@@ -82,5 +82,26 @@ struct HTTPStreamBudgetTests {
         #expect(secondRead > secondWritten, "the second got all \(secondWritten) bytes and its head: \(secondRead)")
         let firstRead = first.readAll()
         #expect(firstRead < firstWritten, "the first got only what was sent before the cut: \(firstRead) of \(firstWritten)")
+    }
+
+    /// A stream whose client took everything keeps no large buffer: idle
+    /// streams are most streams, and their buffers count against the budget
+    /// too (a 64 KiB one kept by each of 4,096 idle streams filled 256 MiB).
+    @Test func anIdleStreamKeepsNoLargeBuffer() async throws {
+        let streams = Mutex<[HTTPStream]>([])
+        let server = try AsyncHTTPServer(host: "127.0.0.1", port: 0, maxBody: 0, streamBudget: 3 << 20, headers: [], query: []) { _, responder in
+            if let stream = responder.stream(status: 200, contentType: "application/octet-stream") { streams.withLock { $0.append(stream) } }
+        }
+        defer { server.stop() }
+        let client = try QuietClient(port: server.port, path: "/idle", receiveBuffer: nil)  // the kernel takes it all
+        let deadline = ContinuousClock.now + .seconds(10)
+        while streams.withLock({ $0.isEmpty }), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        let stream = try #require(streams.withLock { $0.first })
+        #expect(stream.write(Data(repeating: 0x61, count: 200 << 10), limit: Int.max / 2))
+        let drained = ContinuousClock.now + .seconds(10)
+        while server.streamBufferBytes > 0, ContinuousClock.now < drained { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(server.streamBufferBytes == 0, "the open, idle stream's buffer went")
+        #expect(stream.write(Data("more".utf8), end: true))
+        #expect(client.readAll() > 200 << 10)
     }
 }
