@@ -21,7 +21,7 @@ final class GatewayState: Sendable {
         /// What the replay queued: a live write may queue that much more
         /// than `HTTPStream.limit` before the client counts as not reading.
         var replayBytes: Int
-        var liveLimit: Int { HTTPStream.limit + replayBytes }
+        var liveLimit: Int { GatewayState.streamLimit(replayBytes: replayBytes) }
     }
 
     fileprivate struct Waiter {
@@ -70,9 +70,12 @@ final class GatewayState: Sendable {
     /// What one stream's replay queues at most before it ends the stream (see `subscribe`).
     let maxReplayBytes: Int
     static let defaultMaxReplayBytes = 4 << 20
+    /// What one stream may queue for its client: its replay, and
+    /// `HTTPStream.limit` of live events past it.
+    static func streamLimit(replayBytes: Int) -> Int { HTTPStream.limit + replayBytes }
     /// The memory all streams' buffers may hold together: 32 streams each at
-    /// its own limit (a replay and the live events after it).
-    static let defaultStreamBufferBytes = 256 << 20
+    /// its own limit (256 MiB).
+    static let defaultStreamBufferBytes = 32 * streamLimit(replayBytes: defaultMaxReplayBytes)
 
     init(
         metrics: GatewayMetrics, maxStreamsPerUser: Int = GatewayState.defaultMaxStreamsPerUser,

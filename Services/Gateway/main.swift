@@ -44,8 +44,8 @@ do {
 } catch {
     exitWithUsage(error.message)
 }
-// One stream at its own limit (a replay, then live events), in a buffer grown by doubling, must fit.
-let oneStream = 2 * (replayBytes + HTTPStream.limit)
+// One stream at its own limit, in a buffer grown by doubling, must fit.
+let oneStream = 2 * GatewayState.streamLimit(replayBytes: replayBytes)
 guard streamBufferBytes >= oneStream else {
     exitWithUsage("FRONTDESK_GATEWAY_STREAM_BUFFER_BYTES must be at least \(oneStream) (twice FRONTDESK_GATEWAY_REPLAY_BYTES + 4 MiB), not \(streamBufferBytes)")
 }

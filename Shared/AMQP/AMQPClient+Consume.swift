@@ -193,7 +193,7 @@ extension AMQPClient {
                 try await start(registration, on: connection)
             } catch {
                 // The connection is failing; the next connection starts it.
-                onEvent(.consumerRestartFailed(queue: specification.queue, error as? AMQPError ?? AMQPError(.library, "\(error)")))
+                onEvent(.consumerRestartFailed(queue: specification.queue, AMQPError.from(error)))
             }
         }
         return { [weak self] in
@@ -216,7 +216,7 @@ extension AMQPClient {
         // started at all, so it asks for no arguments and takes no messages.
         guard isConsuming(registration) else { return }
         try await registration.start(on: connection) { [weak self] error in
-            // The broker cancelled it (queue deleted, leader moved): started again on the same connection.
+            // The broker ended it (see the sink's `finish`): started again on the same connection.
             guard let self else { return }
             self.onEvent(.consumerRestartFailed(queue: registration.specification.queue, error))
             Task { await self.restart(registration, on: connection) }
@@ -237,7 +237,7 @@ extension AMQPClient {
     /// last: the consumer stayed silent until the next connection.
     private func restart(_ registration: ConsumerRegistration, on connection: AMQPConnection) async {
         func isCurrent() -> Bool {
-            state.withLock { s in s.live?.connection === connection && s.consumers.values.contains { $0 === registration } }
+            state.withLock { $0.live?.connection === connection } && isConsuming(registration)
         }
         var attempt = registration.nextRestartAttempt() - 1
         while true {
@@ -260,7 +260,7 @@ extension AMQPClient {
                 if !isCurrent() { await registration.closeActive(on: connection) }
                 return
             } catch {
-                onEvent(.consumerRestartFailed(queue: registration.specification.queue, error as? AMQPError ?? AMQPError(.library, "\(error)")))
+                onEvent(.consumerRestartFailed(queue: registration.specification.queue, AMQPError.from(error)))
             }
         }
     }

@@ -172,7 +172,7 @@ public final class AMQPClient: Sendable {
                 if nodes.count > 1 { next += 1 }  // that node may be gone: another first
             } catch {
                 if endLive() { break }
-                let error = error as? AMQPError ?? AMQPError(.library, "\(error)")
+                let error = AMQPError.from(error)
                 next += 1
                 let roundEnded = attempt % nodes.count == 0
                 let delay = roundEnded ? configuration.reconnectBackoff.delayMs(afterAttempt: attempt / nodes.count) : 0

@@ -49,6 +49,11 @@ public struct AMQPError: Error, Sendable, Equatable, CustomStringConvertible {
         self.libraryStatus = libraryStatus
     }
 
+    /// `error` itself when it is one, else a library error that describes it.
+    public static func from(_ error: any Error) -> AMQPError {
+        error as? AMQPError ?? AMQPError(.library, "\(error)")
+    }
+
     /// Whether trying again later (on a new channel or connection) can succeed.
     public var isRetryable: Bool {
         switch code {

@@ -197,6 +197,12 @@ static void resume(fd_http_server *server, struct fd_conn *c) {
     }
 }
 
+static void refusal_free(fd_refusal *refusal) {
+    free(refusal->body);
+    free(refusal->header_name);
+    free(refusal->header_value);
+}
+
 static void request_unref(fd_request *request) {
     fd_http_server *server = request->server;
     pthread_mutex_lock(&server->lock);
@@ -207,9 +213,7 @@ static void request_unref(fd_request *request) {
     free(request->method);
     free(request->path);
     free(request->body);
-    free(request->refusal.body);
-    free(request->refusal.header_name);
-    free(request->refusal.header_value);
+    refusal_free(&request->refusal);
     free(request);
     server_unref(server);
 }
@@ -254,10 +258,21 @@ static void check_head(fd_request *request) {
         request->refused = 1;
         request->refusal = refusal;  // freed with the request
     } else {
-        free(refusal.body);
-        free(refusal.header_name);
-        free(refusal.header_value);
+        refusal_free(&refusal);
     }
+}
+
+/// A whole answer (body copied) with the headers every answer carries, and one more when given.
+static struct MHD_Response *answer_response(const char *content_type, const void *body, size_t length, const char *extra_name,
+                                            const char *extra_value) {
+    struct MHD_Response *response = MHD_create_response_from_buffer(length, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (response != NULL) {
+        if (content_type != NULL) MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+        MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+        MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
+        if (extra_name != NULL && extra_value != NULL) MHD_add_response_header(response, extra_name, extra_value);
+    }
+    return response;
 }
 
 /// Queues the kept refusal. `unread`: the body was not (all) read, so the
@@ -265,16 +280,11 @@ static void check_head(fd_request *request) {
 static enum MHD_Result queue_refusal(fd_request *request, int unread) {
     const fd_refusal *refusal = &request->refusal;
     unsigned status = refusal->status >= 400 && refusal->status <= 599 ? refusal->status : 500;
-    struct MHD_Response *response = MHD_create_response_from_buffer(
-        refusal->body != NULL ? refusal->body_length : 0, refusal->body != NULL ? refusal->body : "", MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *response =
+        answer_response("application/json", refusal->body != NULL ? refusal->body : "", refusal->body != NULL ? refusal->body_length : 0,
+                        refusal->header_name, refusal->header_value);
     if (response == NULL) return MHD_NO;
-    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
     if (unread) MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
-    if (refusal->header_name != NULL && refusal->header_value != NULL) {
-        MHD_add_response_header(response, refusal->header_name, refusal->header_value);
-    }
     enum MHD_Result queued = MHD_queue_response(request->connection, status, response);
     MHD_destroy_response(response);
     return queued;
@@ -447,13 +457,7 @@ static int answer_with(fd_request *request, unsigned status, struct MHD_Response
 
 void fd_request_answer(fd_request *request, unsigned status, const char *content_type, const void *body, size_t length,
                        const char *extra_name, const char *extra_value) {
-    struct MHD_Response *response = MHD_create_response_from_buffer(length, (void *)body, MHD_RESPMEM_MUST_COPY);
-    if (response != NULL) {
-        if (content_type != NULL) MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-        MHD_add_response_header(response, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-        MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
-        if (extra_name != NULL && extra_value != NULL) MHD_add_response_header(response, extra_name, extra_value);
-    }
+    struct MHD_Response *response = answer_response(content_type, body, length, extra_name, extra_value);
     pthread_mutex_lock(&request->server->lock);
     int taken = answer_with(request, status, response);
     pthread_mutex_unlock(&request->server->lock);
