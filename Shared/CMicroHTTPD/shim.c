@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /// One open connection, for the sweeper: libmicrohttpd's timeout is an idle
@@ -248,6 +249,32 @@ static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
     return queued;
 }
 
+static const char host_body[] =
+    "{\"error\":{\"code\":\"invalid_request\",\"message\":\"an HTTP/1.1 request needs exactly one Host header\"}}";
+
+static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    (void)value;
+    if (key != NULL && strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) *(unsigned *)cls += 1;
+    return MHD_YES;
+}
+
+/// RFC 9112 §3.2: a request with more than one Host header, or an HTTP/1.1
+/// request with none, is answered 400 (libmicrohttpd serves it unless
+/// pedantic, and then answers in HTML). 1 when it was refused, -1 out of memory.
+static int refuse_bad_host(fd_request *request, const char *version) {
+    unsigned hosts = 0;
+    MHD_get_connection_values(request->connection, MHD_HEADER_KIND, count_host, &hosts);
+    int http11 = version != NULL && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
+    if (hosts == 1 || (hosts == 0 && !http11)) return 0;
+    char *body = malloc(sizeof host_body);
+    if (body == NULL) return -1;
+    memcpy(body, host_body, sizeof host_body);
+    request->refused = 1;
+    request->refusal = (fd_refusal){400, body, sizeof host_body - 1, NULL, NULL};
+    return 1;
+}
+
 /// Asks the owner about the request's head (on its first call): a refusal
 /// (say, a 401 for a request without a valid token) is kept for the answer.
 static void check_head(fd_request *request) {
@@ -313,7 +340,6 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *connectio
 static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
                                         const char *version, const char *upload_data, size_t *upload_data_size,
                                         void **con_cls) {
-    (void)version;
     fd_http_server *server = cls;
     fd_request *request = *con_cls;
     if (request == NULL) {
@@ -332,7 +358,10 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         *con_cls = request;
         // An untracked connection (out of memory when it opened) could never be resumed: refused.
         if (request->method == NULL || request->path == NULL || request->conn == NULL) return MHD_NO;
-        check_head(request);
+        // A malformed head is answered before anything is asked of the owner (a 400 before a 401).
+        int bad_host = refuse_bad_host(request, version);
+        if (bad_host < 0) return MHD_NO;
+        if (bad_host == 0) check_head(request);
         const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) return queue_over_limit(request);
         return MHD_YES;

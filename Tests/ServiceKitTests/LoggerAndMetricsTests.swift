@@ -179,6 +179,53 @@ struct HTTPServerTests {
         #expect(try await get("http://127.0.0.1:\(port)/healthz") == (200, "again"))
     }
 
+    /// RFC 9112 §3.2: an HTTP/1.1 request without Host, or any request with
+    /// two, is answered 400 with the JSON error every other refusal has;
+    /// HTTP/1.0 needs none. (libmicrohttpd alone served them.)
+    @Test func aRequestWithoutExactlyOneHostIsAJSON400() async throws {
+        let server = try HTTPServer(host: "127.0.0.1", port: 0, handler: { _ in HTTPResponse(status: 200, body: "ok") })
+        defer { server.stop() }
+        let cases: [(head: String, status: Int)] = [
+            ("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n", 200),
+            ("GET /healthz HTTP/1.1\r\n", 400),
+            ("GET /healthz HTTP/1.1\r\nHost: a\r\nhost: b\r\n", 400),
+            ("GET /healthz HTTP/1.1\r\nContent-Length: 999999999\r\n", 400),
+            ("GET /healthz HTTP/1.0\r\n", 200),
+            ("GET /healthz HTTP/1.0\r\nHost: a\r\nHost: a\r\n", 400),
+        ]
+        for c in cases {
+            let answer = try await rawExchange(port: server.port, c.head + "Connection: close\r\n\r\n")
+            let status = answer.split(separator: " ").dropFirst().first.flatMap { Int($0) } ?? 0
+            #expect(status == c.status, "\(c.head.debugDescription) → \(answer.prefix(80).debugDescription)")
+            if c.status == 400 {
+                #expect(answer.contains("Content-Type: application/json"), "\(answer.debugDescription)")
+                #expect(answer.hasSuffix(#"{"error":{"code":"invalid_request","message":"an HTTP/1.1 request needs exactly one Host header"}}"#))
+            }
+        }
+    }
+
+    /// Sends `request` on a new connection and reads until the server closes
+    /// it (5 s at most), on a thread of its own.
+    func rawExchange(port: Int, _ request: String) async throws -> String {
+        try await withCheckedThrowingContinuation { c in
+            Thread.detachNewThread {
+                guard let fd = try? connectTCP(port: port) else { return c.resume(throwing: ConnectFailed()) }
+                defer { close(fd) }
+                var timeout = timeval(tv_sec: 5, tv_usec: 0)
+                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+                _ = request.withCString { send(fd, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
+                var received: [UInt8] = []
+                var buffer = [UInt8](repeating: 0, count: 4096)
+                while true {
+                    let n = recv(fd, &buffer, buffer.count, 0)
+                    if n <= 0 { break }
+                    received += buffer.prefix(n)
+                }
+                c.resume(returning: String(decoding: received, as: UTF8.self))
+            }
+        }
+    }
+
     @Test func aPortInUseIsAClearError() throws {
         let first = try HTTPServer(host: "127.0.0.1", port: 0, handler: { _ in HTTPResponse(status: 200, body: "") })
         defer { first.stop() }
