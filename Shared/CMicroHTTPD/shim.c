@@ -250,28 +250,39 @@ static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
 }
 
 static const char host_body[] =
-    "{\"error\":{\"code\":\"invalid_request\",\"message\":\"an HTTP/1.1 request needs exactly one Host header\"}}";
+    "{\"error\":{\"code\":\"invalid_request\",\"message\":\"a request needs one Host header (HTTP/1.0: at most one)\"}}";
 
 static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
     (void)kind;
     (void)value;
-    if (key != NULL && strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) *(unsigned *)cls += 1;
+    if (key == NULL) return MHD_YES;
+    // Not pedantic, libmicrohttpd keeps "Host : x" as the name "Host ": a proxy that trims it sees a Host too.
+    size_t length = strlen(key);
+    while (length > 0 && (key[length - 1] == ' ' || key[length - 1] == '\t')) length -= 1;
+    if (length == 4 && strncasecmp(key, MHD_HTTP_HEADER_HOST, 4) == 0) *(unsigned *)cls += 1;
     return MHD_YES;
 }
 
 /// RFC 9112 §3.2: a request with more than one Host header, or an HTTP/1.1
-/// request with none, is answered 400 (libmicrohttpd serves it unless
-/// pedantic, and then answers in HTML). 1 when it was refused, -1 out of memory.
+/// request with none, is answered 400, and its connection closed
+/// (libmicrohttpd serves it unless pedantic, and then answers in HTML). Any
+/// HTTP/1.x but 1.0 counts as 1.1, as libmicrohttpd serves it. 1 when it was
+/// refused, -1 out of memory.
 static int refuse_bad_host(fd_request *request, const char *version) {
     unsigned hosts = 0;
     MHD_get_connection_values(request->connection, MHD_HEADER_KIND, count_host, &hosts);
-    int http11 = version != NULL && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
+    int http11 = version != NULL && strncmp(version, "HTTP/1.", 7) == 0 && strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
     if (hosts == 1 || (hosts == 0 && !http11)) return 0;
-    char *body = malloc(sizeof host_body);
-    if (body == NULL) return -1;
+    char *body = malloc(sizeof host_body), *name = strdup(MHD_HTTP_HEADER_CONNECTION), *value = strdup("close");
+    if (body == NULL || name == NULL || value == NULL) {
+        free(body);
+        free(name);
+        free(value);
+        return -1;
+    }
     memcpy(body, host_body, sizeof host_body);
     request->refused = 1;
-    request->refusal = (fd_refusal){400, body, sizeof host_body - 1, NULL, NULL};
+    request->refusal = (fd_refusal){400, body, sizeof host_body - 1, name, value};
     return 1;
 }
 
@@ -311,7 +322,8 @@ static enum MHD_Result queue_refusal(fd_request *request, int unread) {
         answer_response("application/json", refusal->body != NULL ? refusal->body : "", refusal->body != NULL ? refusal->body_length : 0,
                         refusal->header_name, refusal->header_value);
     if (response == NULL) return MHD_NO;
-    if (unread) MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+    int closes = refusal->header_name != NULL && strcasecmp(refusal->header_name, MHD_HTTP_HEADER_CONNECTION) == 0;
+    if (unread && !closes) MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result queued = MHD_queue_response(request->connection, status, response);
     MHD_destroy_response(response);
     return queued;
