@@ -472,7 +472,8 @@ final class SenderService: Service {
     }
 
     /// Reads the commands stream to its end (marked by a message of our own).
-    private func replayCommands(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> [SenderCommand] {
+    /// Each with when it was written: it is kept for the lifetime window from then.
+    private func replayCommands(_ connection: AMQPConnection, _ publisher: AMQPChannel) async throws -> [(command: SenderCommand, at: Date)] {
         let channel = try await connection.openChannel()
         defer { Task { await channel.close() } }
         try await channel.qos(prefetchCount: 1000)
@@ -481,7 +482,7 @@ final class SenderService: Service {
         try await publisher.publish(OutboundMessage(
             exchange: "", routingKey: SenderTopology.commands, body: Data(),
             properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: configuration.login)))
-        var commands: [SenderCommand] = []
+        var commands: [(command: SenderCommand, at: Date)] = []
         let window = UInt64(clamping: configuration.lifetimeSeconds)
         let now = UInt64(Date().timeIntervalSince1970)
         // A stream consumer that hangs (RabbitMQ 3.10, its member restarted)
@@ -518,7 +519,9 @@ final class SenderService: Service {
                 if let written = d.properties.timestamp, now.subtractingClamped(written) > window { continue }
                 // Only commands this sender kept: anyone could publish into the stream by name.
                 if d.properties.userID == configuration.login, let command = SenderCommand(type: d.properties.type, body: d.body) {
-                    commands.append(command)
+                    // Written by this service, so stamped; one from the future counts as now.
+                    let written = d.properties.timestamp.map { min($0, now) } ?? now
+                    commands.append((command, Date(timeIntervalSince1970: TimeInterval(written))))
                 }
             }
         } catch {

@@ -338,7 +338,7 @@ extension SenderTerm {
 
     /// Keeps a command for a dispatch not seen yet; `persist` also appends
     /// it to the commands stream (confirmed with the batch), for later leaders.
-    func remember(_ command: SenderCommand, persist: Bool) {
+    func remember(_ command: SenderCommand, at: Date = Date(), persist: Bool) {
         // At the cap, old commands are pruned at most once a minute: a flood
         // of commands for unknown ids must not make each one cost a full pass.
         if pendingCommands.count >= Self.maxPendingCommands, Date().timeIntervalSince(lastCommandsPrune) > 60 {
@@ -349,7 +349,7 @@ extension SenderTerm {
             metrics.commands.increment("dropped")
             return logger.warning("too many commands for unknown dispatches; one dropped", [("dispatch_id", .string(command.id))])
         }
-        pendingCommands.add(command, at: Date())
+        pendingCommands.add(command, at: at)
         guard persist else { return }
         metrics.commands.increment("remembered")
         pendingMessages.append(OutboundMessage(

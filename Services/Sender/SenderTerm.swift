@@ -202,14 +202,14 @@ final class SenderTerm {
     var passesOn: Bool { partition == 0 && partitions.count > 1 }
 
     /// Runs the term until its connection fails or `stop` is set.
-    func run(replayedCommands: [SenderCommand]) async throws {
+    func run(replayedCommands: [(command: SenderCommand, at: Date)]) async throws {
         // A reroute kept for a dispatch the sender has had since (its events
         // go past routing) was applied then; replayed now it could undo a
         // later reroute. Cancels are kept: one that was applied ended the
         // dispatch, and a late copy of an ended dispatch is dropped anyway.
-        for c in replayedCommands {
+        for (c, at) in replayedCommands {
             if case .reroute = c, (statusLog[c.id]?.lastSeq ?? 0) > 2 { continue }
-            remember(c, persist: false)
+            remember(c, at: at, persist: false)
         }
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.

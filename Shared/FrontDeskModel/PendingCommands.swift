@@ -3,11 +3,19 @@ import Foundation
 /// Cancels and reroutes that came before their dispatch, kept for the
 /// lifetime window and applied when it shows up. A value: the sender term
 /// holds one; the tests drive it with any clock.
+///
+/// Each command counts from when it reached the sender (for one read back
+/// from the commands stream, when it was written there): once its window
+/// has passed it is no longer applied, as its dispatch can no longer be the
+/// one it was meant for (CONTRACT.md: "remembered for the lifetime window").
 public struct PendingCommands: Sendable {
     private struct Entry: Sendable {
-        var cancelReason: String?
-        var reroute: RoutingTable.Route?
-        var at: Date
+        var cancel: (reason: String, at: Date)?
+        var reroute: (route: RoutingTable.Route, at: Date)?
+
+        func newest() -> Date {
+            max(cancel?.at ?? .distantPast, reroute?.at ?? .distantPast)
+        }
     }
 
     private var entries: [String: Entry] = [:]
@@ -16,31 +24,38 @@ public struct PendingCommands: Sendable {
 
     public var count: Int { entries.count }
 
-    /// Keeps `command`; a cancel wins over any reroute, and a later reroute replaces an earlier one.
+    /// Keeps `command`; a cancel wins over any reroute (the first cancel's
+    /// reason and time stand), and a later reroute replaces an earlier one.
     public mutating func add(_ command: SenderCommand, at now: Date) {
-        var e = entries[command.id] ?? Entry(at: now)
-        e.at = now
+        var e = entries[command.id] ?? Entry()
         switch command {
-        case .cancel(_, let reason): if e.cancelReason == nil { e.cancelReason = reason }
-        case .reroute(_, let route): e.reroute = route
+        case .cancel(_, let reason): if e.cancel == nil { e.cancel = (reason, now) }
+        case .reroute(_, let route): e.reroute = (route, now)
         }
         entries[command.id] = e
     }
 
-    /// The reason of a cancel kept for `id`.
-    public func cancelReason(_ id: String) -> String? { entries[id]?.cancelReason }
+    /// The reason of a cancel kept for `id` that came within the last `window` seconds.
+    public func cancelReason(_ id: String, now: Date, window: Int) -> String? {
+        guard let cancel = entries[id]?.cancel, Self.within(cancel.at, now: now, window: window) else { return nil }
+        return cancel.reason
+    }
 
-    /// The reroute kept for `id`, which is then used up.
-    public mutating func takeReroute(_ id: String) -> RoutingTable.Route? {
-        guard let route = entries[id]?.reroute else { return nil }
+    /// The reroute kept for `id`, which is then used up; nil if it came more than `window` seconds ago.
+    public mutating func takeReroute(_ id: String, now: Date, window: Int) -> RoutingTable.Route? {
+        guard let reroute = entries[id]?.reroute else { return nil }
         entries[id]?.reroute = nil
-        if entries[id]?.cancelReason == nil { entries[id] = nil }
-        return route
+        if entries[id]?.cancel == nil { entries[id] = nil }
+        return Self.within(reroute.at, now: now, window: window) ? reroute.route : nil
     }
 
     /// Forgets commands kept longer than `seconds` (their dispatch can no longer come).
     public mutating func prune(olderThan seconds: Int, now: Date) {
-        let horizon = now.addingTimeInterval(-TimeInterval(seconds))
-        entries = entries.filter { $0.value.at > horizon }
+        entries = entries.filter { Self.within($0.value.newest(), now: now, window: seconds) }
+    }
+
+    /// `at` is no more than `window` seconds before `now` (one from the future counts as now).
+    private static func within(_ at: Date, now: Date, window: Int) -> Bool {
+        now.timeIntervalSince(at) <= TimeInterval(max(0, window))
     }
 }

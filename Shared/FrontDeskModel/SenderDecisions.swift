@@ -187,10 +187,10 @@ public enum SenderDecisions {
         guard !held, known?.accepted != true, known?.ended != true, redelivered || !publishedBefore else {
             return .drop(.duplicateHandOff)
         }
-        if let reason = pending.cancelReason(record.id) {
+        if let reason = pending.cancelReason(record.id, now: now, window: policy.lifetimeSeconds) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }
-        if let route = pending.takeReroute(record.id), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
+        if let route = pending.takeReroute(record.id, now: now, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
         }
         let takesNew = target(machine.route).takesNew
@@ -210,7 +210,7 @@ public enum SenderDecisions {
         if held { return .drop(.secondCopy) }
         if known?.ended == true { return .drop(.ended) }
         if copy.lastSeq < (known?.copySeq ?? 0) { return .drop(.superseded) }
-        if let reason = pending.cancelReason(id) {
+        if let reason = pending.cancelReason(id, now: now, window: policy.lifetimeSeconds) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }
         switch wait {
@@ -228,7 +228,7 @@ public enum SenderDecisions {
             // delivered (by a leader that died with it in flight): a reroute
             // then changes nothing.
             let deliveredSince = (known?.lastSeq ?? 0) > copy.lastSeq
-            if let to = pending.takeReroute(id), !(sameRouteIsNoOp && to == machine.route), !deliveredSince, let p = parts(to) {
+            if let to = pending.takeReroute(id, now: now, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && to == machine.route), !deliveredSince, let p = parts(to) {
                 _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
                 let view = target(to)
                 return take(machine) { $0.received(now: now, targetOnline: view.online && view.parked == 0) }
