@@ -5,9 +5,11 @@ import Foundation
 /// holds one; the tests drive it with any clock.
 ///
 /// Each command counts from when it reached the sender (for one read back
-/// from the commands stream, when it was written there): once its window
-/// has passed it is no longer applied, as its dispatch can no longer be the
-/// one it was meant for (CONTRACT.md: "remembered for the lifetime window").
+/// from the commands stream, when it was written there, to the second): one
+/// that came more than the window before its request is not applied, as the
+/// request can no longer be the one it was meant for (CONTRACT.md:
+/// "remembered for the lifetime window"). Callers ask at the time the
+/// request came, not when they handle it.
 public struct PendingCommands: Sendable {
     private struct Entry: Sendable {
         var cancel: (reason: String, at: Date)?
@@ -35,13 +37,13 @@ public struct PendingCommands: Sendable {
         entries[command.id] = e
     }
 
-    /// The reason of a cancel kept for `id` that came within the last `window` seconds.
+    /// The reason of a cancel kept for `id` that came no more than `window` seconds before `now`.
     public func cancelReason(_ id: String, now: Date, window: Int) -> String? {
         guard let cancel = entries[id]?.cancel, Self.within(cancel.at, now: now, window: window) else { return nil }
         return cancel.reason
     }
 
-    /// The reroute kept for `id`, which is then used up; nil if it came more than `window` seconds ago.
+    /// The reroute kept for `id`, which is then used up; nil if it came more than `window` seconds before `now`.
     public mutating func takeReroute(_ id: String, now: Date, window: Int) -> RoutingTable.Route? {
         guard let reroute = entries[id]?.reroute else { return nil }
         entries[id]?.reroute = nil

@@ -171,6 +171,14 @@ public enum SenderDecisions {
         return max(base, known?.lastSeq ?? 0) + count * 1000
     }
 
+    /// When the dispatch's request came (the router's decision), for the
+    /// commands kept before it: one is applied if it came within the lifetime
+    /// window before the request, however late the hand-off or copy is
+    /// handled (a takeover, a redelivery, hours parked).
+    static func requestCame(_ record: DispatchRecord, now: Date) -> Date {
+        min(now, RFC3339.parse(record.decidedAt) ?? now)
+    }
+
     /// A hand-off from the router.
     public static func handOff(
         _ record: DispatchRecord, redelivered: Bool, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
@@ -187,10 +195,11 @@ public enum SenderDecisions {
         guard !held, known?.accepted != true, known?.ended != true, redelivered || !publishedBefore else {
             return .drop(.duplicateHandOff)
         }
-        if let reason = pending.cancelReason(record.id, now: now, window: policy.lifetimeSeconds) {
+        let came = requestCame(record, now: now)
+        if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }
-        if let route = pending.takeReroute(record.id, now: now, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
+        if let route = pending.takeReroute(record.id, now: came, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
         }
         let takesNew = target(machine.route).takesNew
@@ -210,7 +219,8 @@ public enum SenderDecisions {
         if held { return .drop(.secondCopy) }
         if known?.ended == true { return .drop(.ended) }
         if copy.lastSeq < (known?.copySeq ?? 0) { return .drop(.superseded) }
-        if let reason = pending.cancelReason(id, now: now, window: policy.lifetimeSeconds) {
+        let came = requestCame(copy.record, now: now)
+        if let reason = pending.cancelReason(id, now: came, window: policy.lifetimeSeconds) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }
         switch wait {
@@ -228,7 +238,7 @@ public enum SenderDecisions {
             // delivered (by a leader that died with it in flight): a reroute
             // then changes nothing.
             let deliveredSince = (known?.lastSeq ?? 0) > copy.lastSeq
-            if let to = pending.takeReroute(id, now: now, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && to == machine.route), !deliveredSince, let p = parts(to) {
+            if let to = pending.takeReroute(id, now: came, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && to == machine.route), !deliveredSince, let p = parts(to) {
                 _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
                 let view = target(to)
                 return take(machine) { $0.received(now: now, targetOnline: view.online && view.parked == 0) }

@@ -189,7 +189,8 @@ struct SenderDecisionsTests {
     /// "Remembered for the lifetime window": a cancel or reroute that came
     /// more than the window before its request no longer applies to it, each
     /// counted from its own arrival (a later reroute does not keep an older
-    /// cancel alive).
+    /// cancel alive); one within it applies however late the hand-off is
+    /// handled (a takeover, a redelivery). The request came at `at(0.01)`.
     @Test func aCommandKeptLongerThanTheLifetimeWindowIsNoLongerApplied() throws {
         let short = RetryPolicy(baseMs: 1000, maxMs: 60_000, maxAttempts: 3, replyTimeoutSeconds: 600, lifetimeSeconds: 60)
         func handOff(_ pending: inout PendingCommands, now: Date) -> [DispatchMachine.Action]? {
@@ -197,22 +198,27 @@ struct SenderDecisionsTests {
                 routedRecord(), redelivered: false, deliveryCount: 0, known: nil, held: false, pending: &pending,
                 target: targets(online: true), parts: parts, policy: short, now: now))
         }
-        var pending = PendingCommands()
-        pending.add(.cancel(id: "d-1", reason: "user"), at: at(0))
-        pending.add(.reroute(id: "d-1", route: legal), at: at(50))
-        var inside = pending
-        #expect(try #require(handOff(&inside, now: at(60))).states == [.cancelled])
-        // Past the cancel's window, within the reroute's: delivered, at the new target.
-        var later = pending
-        let moved = try #require(handOff(&later, now: at(61)))
+        var within = PendingCommands()
+        within.add(.cancel(id: "d-1", reason: "user"), at: at(-59))
+        var handledAtOnce = within, handledLate = within
+        #expect(try #require(handOff(&handledAtOnce, now: at(1))).states == [.cancelled])
+        #expect(try #require(handOff(&handledLate, now: at(3_600))).states == [.cancelled])
+        // A cancel past its window, a reroute within its own: delivered, at the new target.
+        var mixed = PendingCommands()
+        mixed.add(.cancel(id: "d-1", reason: "user"), at: at(-61))
+        mixed.add(.reroute(id: "d-1", route: legal), at: at(-30))
+        let moved = try #require(handOff(&mixed, now: at(1)))
         #expect(moved.states.last == .sending && moved.events.last?.target?.id == "legal", "\(moved.states)")
-        // Past both: delivered where the router sent it.
-        var last = pending
-        let plain = try #require(handOff(&last, now: at(111)))
+        // Both past: delivered where the router sent it.
+        var old = PendingCommands()
+        old.add(.cancel(id: "d-1", reason: "user"), at: at(-100))
+        old.add(.reroute(id: "d-1", route: legal), at: at(-90))
+        var handled = old
+        let plain = try #require(handOff(&handled, now: at(1)))
         #expect(plain.states.last == .sending && plain.events.last?.target?.id == "board-prep", "\(plain.states)")
         // A pruned window forgets them; a command from the future counts as now.
-        pending.prune(olderThan: 60, now: at(111))
-        #expect(pending.count == 0)
+        old.prune(olderThan: 60, now: at(1))
+        #expect(old.count == 0)
         var future = PendingCommands()
         future.add(.cancel(id: "d-1", reason: "user"), at: at(1_000))
         #expect(try #require(handOff(&future, now: at(1))).states == [.cancelled])

@@ -166,14 +166,14 @@ extension BrokerIntegration {
                 let sender = try await h.startSender(extraEnvironment: ["FRONTDESK_LIFETIME_S": "3"])
                 try await h.waitUntilLeading(sender)
                 try await h.publish("dispatch.cancel", #"{"id":"lc-old","reason":"user"}"#)
-                let sent = Date()
                 try await h.publish("dispatch.cancel", #"{"id":"lc-new","reason":"user"}"#)
                 try await h.publish("dispatch.request", #"{"id":"lc-new","input":"the agm agenda"}"#)
                 // Behind the first cancel in the same queues: once this one is cancelled, the sender holds both.
                 let early = try await h.events(untilEnded: "lc-new")
                 #expect(states(early, "lc-new") == ["drafted", "routing", "cancelled"])
-                // What is waited for is the clock passing the cancel's window.
-                while Date() < sent.addingTimeInterval(3.5) { try await Task.sleep(for: .milliseconds(50)) }
+                let held = Date()
+                // What is waited for is the clock passing the cancel's window (it reached the sender before `held`).
+                while Date() < held.addingTimeInterval(3.5) { try await Task.sleep(for: .milliseconds(50)) }
                 try await h.publish("dispatch.request", #"{"id":"lc-old","input":"the agm agenda"}"#)
                 // No agent: it waits until its own lifetime ends it, not the old cancel.
                 let events = try await h.events(untilEnded: "lc-old")
