@@ -483,7 +483,9 @@ final class SenderService: Service {
             exchange: "", routingKey: SenderTopology.commands, body: Data(),
             properties: AMQPProperties(messageID: marker, type: StatusLog.markerType).stamped(by: configuration.login)))
         var commands: [(command: SenderCommand, at: Date)] = []
-        let window = UInt64(clamping: configuration.lifetimeSeconds)
+        // A command counts for the window before its request came, and that
+        // request may still wait up to its own lifetime: two windows are kept.
+        let keep = UInt64(clamping: configuration.lifetimeSeconds).multipliedClamped(by: 2)
         let now = UInt64(Date().timeIntervalSince1970)
         // A stream consumer that hangs (RabbitMQ 3.10, its member restarted)
         // would hold the term, and the partition's lock, for ever: nothing
@@ -516,11 +518,12 @@ final class SenderService: Service {
                     break
                 }
                 // Saturating: a timestamp from the future (however far) is age 0, never a trap.
-                if let written = d.properties.timestamp, now.subtractingClamped(written) > window { continue }
+                if let written = d.properties.timestamp, now.subtractingClamped(written) > keep { continue }
                 // Only commands this sender kept: anyone could publish into the stream by name.
                 if d.properties.userID == configuration.login, let command = SenderCommand(type: d.properties.type, body: d.body) {
-                    // Written by this service, so stamped; one from the future counts as now.
-                    let written = d.properties.timestamp.map { min($0, now) } ?? now
+                    // Written by this service, so stamped, to the second: taken as the end of that second
+                    // (never older than it was live); one from the future counts as now.
+                    let written = d.properties.timestamp.map { min($0.addingClamped(1), now) } ?? now
                     commands.append((command, Date(timeIntervalSince1970: TimeInterval(written))))
                 }
             }

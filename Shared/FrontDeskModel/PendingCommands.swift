@@ -27,11 +27,13 @@ public struct PendingCommands: Sendable {
     public var count: Int { entries.count }
 
     /// Keeps `command`; a cancel wins over any reroute (the first cancel's
-    /// reason and time stand), and a later reroute replaces an earlier one.
+    /// reason stands, timed by the newest), and a later reroute replaces an earlier one.
     public mutating func add(_ command: SenderCommand, at now: Date) {
         var e = entries[command.id] ?? Entry()
         switch command {
-        case .cancel(_, let reason): if e.cancel == nil { e.cancel = (reason, now) }
+        // The first cancel's reason stands; the newest one's time counts (a new cancel
+        // for an id used again after the window must not look as old as the first).
+        case .cancel(_, let reason): e.cancel = (e.cancel?.reason ?? reason, max(now, e.cancel?.at ?? now))
         case .reroute(_, let route): e.reroute = (route, now)
         }
         entries[command.id] = e
@@ -51,7 +53,9 @@ public struct PendingCommands: Sendable {
         return Self.within(reroute.at, now: now, window: window) ? reroute.route : nil
     }
 
-    /// Forgets commands kept longer than `seconds` (their dispatch can no longer come).
+    /// Forgets commands kept longer than `seconds`. A command counts for the
+    /// window before its request came, and that request may wait up to its
+    /// own lifetime before it is handled: callers keep two windows.
     public mutating func prune(olderThan seconds: Int, now: Date) {
         entries = entries.filter { Self.within($0.value.newest(), now: now, window: seconds) }
     }

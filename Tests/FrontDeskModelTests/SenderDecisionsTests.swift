@@ -216,6 +216,12 @@ struct SenderDecisionsTests {
         var handled = old
         let plain = try #require(handOff(&handled, now: at(1)))
         #expect(plain.states.last == .sending && plain.events.last?.target?.id == "board-prep", "\(plain.states)")
+        // A cancel again for the same id, within the window: the newest one's time counts.
+        var again = PendingCommands()
+        again.add(.cancel(id: "d-1", reason: "first"), at: at(-200))
+        again.add(.cancel(id: "d-1", reason: "second"), at: at(-10))
+        let cancelled = try #require(handOff(&again, now: at(1)))
+        #expect(cancelled.states == [.cancelled] && cancelled.events.first?.cancel?.reason == "first")
         // A pruned window forgets them; a command from the future counts as now.
         old.prune(olderThan: 60, now: at(1))
         #expect(old.count == 0)
