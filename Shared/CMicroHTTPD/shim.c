@@ -374,6 +374,13 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         int bad_host = refuse_bad_host(request, version);
         if (bad_host < 0) return MHD_NO;
         if (bad_host == 0) check_head(request);
+        // A client that waits for "100 Continue" before its body gets the refusal instead, at once:
+        // no body is sent to be read and dropped.
+        const char *expect = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if (request->refused && expect != NULL && strcasecmp(expect, "100-continue") == 0) {
+            request->state = REQUEST_QUEUED;
+            return queue_refusal(request, 1);
+        }
         const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) return queue_over_limit(request);
         return MHD_YES;

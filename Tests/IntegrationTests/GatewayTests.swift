@@ -288,6 +288,9 @@ extension BrokerIntegration {
                 let tiny = #"{"input":"x"}"#
                 let read = try gw.rawCall(Data("POST /v1/dispatches HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: \(tiny.utf8.count)\r\nConnection: close\r\n\r\n\(tiny)".utf8))
                 #expect(read.hasPrefix("HTTP/1.1 401") && read.contains("\"unauthorized\"") && read.lowercased().contains("www-authenticate: bearer"), "\(read.prefix(300))")
+                // A client that waits for 100 Continue is refused at once: it sends no body in vain.
+                let expecting = try gw.rawCall(Data("POST /v1/dispatches HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n".utf8))
+                #expect(expecting.hasPrefix("HTTP/1.1 401") && expecting.contains("\"unauthorized\""), "\(expecting.prefix(300))")
                 // A head without Host is malformed: a JSON 400 before the token is looked at.
                 let hostless = try gw.rawCall(Data("GET /v1/targets HTTP/1.1\r\nConnection: close\r\n\r\n".utf8))
                 #expect(hostless.hasPrefix("HTTP/1.1 400") && hostless.contains("\"invalid_request\""), "\(hostless.prefix(300))")
