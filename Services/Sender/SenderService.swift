@@ -523,8 +523,8 @@ final class SenderService: Service {
                 if d.properties.userID == configuration.login, let command = SenderCommand(type: d.properties.type, body: d.body) {
                     // Written by this service, so stamped, to the second: taken as the end of that second
                     // (never older than it was live); one from the future counts as now.
-                    let written = d.properties.timestamp.map { min($0.addingClamped(1), now) } ?? now
-                    commands.append((command, Date(timeIntervalSince1970: TimeInterval(written))))
+                    let stamped = d.properties.timestamp.map { Date(timeIntervalSince1970: TimeInterval($0.addingClamped(1))) }
+                    commands.append((command, min(stamped ?? .distantFuture, Date())))
                 }
             }
         } catch {

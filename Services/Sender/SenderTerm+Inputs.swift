@@ -349,7 +349,7 @@ extension SenderTerm {
             metrics.commands.increment("dropped")
             return logger.warning("too many commands for unknown dispatches; one dropped", [("dispatch_id", .string(command.id))])
         }
-        pendingCommands.add(command, at: at)
+        pendingCommands.add(command, at: at, window: policy.lifetimeSeconds)
         guard persist else { return }
         metrics.commands.increment("remembered")
         pendingMessages.append(OutboundMessage(

@@ -375,9 +375,10 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         if (bad_host < 0) return MHD_NO;
         if (bad_host == 0) check_head(request);
         // A client that waits for "100 Continue" before its body gets the refusal instead, at once:
-        // no body is sent to be read and dropped.
+        // no body is sent to be read and dropped. (Not HTTP/1.0: no 100 is sent to it, so it does not wait.)
         const char *expect = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-        if (request->refused && expect != NULL && strcasecmp(expect, "100-continue") == 0) {
+        int http10 = version != NULL && strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
+        if (request->refused && !http10 && expect != NULL && strcasecmp(expect, "100-continue") == 0) {
             request->state = REQUEST_QUEUED;
             return queue_refusal(request, 1);
         }

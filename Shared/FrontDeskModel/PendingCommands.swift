@@ -26,14 +26,21 @@ public struct PendingCommands: Sendable {
 
     public var count: Int { entries.count }
 
-    /// Keeps `command`; a cancel wins over any reroute (the first cancel's
-    /// reason stands, timed by the newest), and a later reroute replaces an earlier one.
-    public mutating func add(_ command: SenderCommand, at now: Date) {
+    /// Keeps `command`; a cancel wins over any reroute, and a later reroute
+    /// replaces an earlier one. Of two cancels the first one's reason stands
+    /// and the newest one's time counts, unless the first came more than
+    /// `window` seconds before (nil: no window): then the new one replaces it
+    /// (an id cancelled again after the window must not look as old as the
+    /// first cancel, nor show its reason).
+    public mutating func add(_ command: SenderCommand, at now: Date, window: Int? = nil) {
         var e = entries[command.id] ?? Entry()
         switch command {
-        // The first cancel's reason stands; the newest one's time counts (a new cancel
-        // for an id used again after the window must not look as old as the first).
-        case .cancel(_, let reason): e.cancel = (e.cancel?.reason ?? reason, max(now, e.cancel?.at ?? now))
+        case .cancel(_, let reason):
+            if let first = e.cancel, window.map({ Self.within(first.at, now: now, window: $0) }) ?? true {
+                e.cancel = (first.reason, max(now, first.at))
+            } else {
+                e.cancel = (reason, now)
+            }
         case .reroute(_, let route): e.reroute = (route, now)
         }
         entries[command.id] = e

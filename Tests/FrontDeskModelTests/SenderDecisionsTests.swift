@@ -216,12 +216,18 @@ struct SenderDecisionsTests {
         var handled = old
         let plain = try #require(handOff(&handled, now: at(1)))
         #expect(plain.states.last == .sending && plain.events.last?.target?.id == "board-prep", "\(plain.states)")
-        // A cancel again for the same id, within the window: the newest one's time counts.
+        // A cancel again for the same id: within the first one's window, the first reason with the newest
+        // time; after it, the new cancel alone.
+        var twice = PendingCommands()
+        twice.add(.cancel(id: "d-1", reason: "first"), at: at(-100), window: 60)
+        twice.add(.cancel(id: "d-1", reason: "second"), at: at(-50), window: 60)
+        let first = try #require(handOff(&twice, now: at(1)))
+        #expect(first.states == [.cancelled] && first.events.first?.cancel?.reason == "first")
         var again = PendingCommands()
-        again.add(.cancel(id: "d-1", reason: "first"), at: at(-200))
-        again.add(.cancel(id: "d-1", reason: "second"), at: at(-10))
+        again.add(.cancel(id: "d-1", reason: "stale"), at: at(-200), window: 60)
+        again.add(.cancel(id: "d-1", reason: "new"), at: at(-10), window: 60)
         let cancelled = try #require(handOff(&again, now: at(1)))
-        #expect(cancelled.states == [.cancelled] && cancelled.events.first?.cancel?.reason == "first")
+        #expect(cancelled.states == [.cancelled] && cancelled.events.first?.cancel?.reason == "new")
         // A pruned window forgets them; a command from the future counts as now.
         old.prune(olderThan: 60, now: at(1))
         #expect(old.count == 0)
