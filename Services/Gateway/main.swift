@@ -101,7 +101,7 @@ do {
         // input (4,000 code points) is up to 48 KB percent-encoded.
         port: port, maxBody: IntakeClassifier.maxBodyBytes, connectionMemory: 64 << 10, streamBudget: streamBufferBytes,
         headers: ["Authorization", "Last-Event-ID"], query: ["input"],
-        headCheck: { request in gateway.refusal(forHead: request) }
+        headCheck: { request in gateway.refusal(forHead: request) }, requireHost: true
     ) { request, responder in
         Task { await gateway.handle(request, responder) }
     }

@@ -343,7 +343,8 @@ extension SenderTerm {
         // of commands for unknown ids must not make each one cost a full pass.
         if pendingCommands.count >= Self.maxPendingCommands, Date().timeIntervalSince(lastCommandsPrune) > 60 {
             lastCommandsPrune = Date()
-            pendingCommands.prune(olderThan: Int(clamping: UInt64(clamping: policy.lifetimeSeconds).multipliedClamped(by: 2)), now: lastCommandsPrune)
+            // One window here (a flood must not hold the cap longer); a takeover's replay keeps two.
+            pendingCommands.prune(olderThan: policy.lifetimeSeconds, now: lastCommandsPrune)
         }
         guard pendingCommands.count < Self.maxPendingCommands else {
             metrics.commands.increment("dropped")

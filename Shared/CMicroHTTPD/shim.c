@@ -36,6 +36,8 @@ struct fd_http_server {
     struct MHD_Daemon *daemon;
     fd_async_handler async_handler;
     fd_head_check head_check;
+    /// Refuse a request without exactly one Host (`fd_http_set_require_host`).
+    int require_host;
     /// Every stream whose response is alive, and the memory their buffers
     /// hold together; over `stream_budget` (0: none), the stream that has
     /// waited longest for its client is cut.
@@ -263,8 +265,8 @@ static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char
     return MHD_YES;
 }
 
-/// RFC 9112 §3.2: a request with more than one Host header, or an HTTP/1.1
-/// request with none, is answered 400, and its connection closed
+/// RFC 9112 §3.2 (when the server requires it): a request with more than
+/// one Host header, or an HTTP/1.1 request with none, is answered 400, and its connection closed
 /// (libmicrohttpd serves it unless pedantic, and then answers in HTML). Any
 /// HTTP/1.x but 1.0 counts as 1.1, as libmicrohttpd serves it. 1 when it was
 /// refused, -1 out of memory.
@@ -370,10 +372,12 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         *con_cls = request;
         // An untracked connection (out of memory when it opened) could never be resumed: refused.
         if (request->method == NULL || request->path == NULL || request->conn == NULL) return MHD_NO;
-        // A malformed head is answered before anything is asked of the owner (a 400 before a 401).
-        int bad_host = refuse_bad_host(request, version);
-        if (bad_host < 0) return MHD_NO;
-        if (bad_host == 0) check_head(request);
+        // The owner's refusal (a 401) first: its answers do not depend on how the head is written.
+        check_head(request);
+        pthread_mutex_lock(&server->lock);
+        int require_host = server->require_host;
+        pthread_mutex_unlock(&server->lock);
+        if (!request->refused && require_host && refuse_bad_host(request, version) < 0) return MHD_NO;
         // A client that waits for "100 Continue" before its body gets the refusal instead, at once:
         // no body is sent to be read and dropped. (Not HTTP/1.0: no 100 is sent to it, so it does not wait.)
         const char *expect = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
@@ -802,6 +806,12 @@ size_t fd_http_stream_bytes(fd_http_server *server) {
     size_t bytes = server->stream_bytes;
     pthread_mutex_unlock(&server->lock);
     return bytes;
+}
+
+void fd_http_set_require_host(fd_http_server *server, int require) {
+    pthread_mutex_lock(&server->lock);
+    server->require_host = require;
+    pthread_mutex_unlock(&server->lock);
 }
 
 void fd_http_set_stream_budget(fd_http_server *server, size_t bytes) {

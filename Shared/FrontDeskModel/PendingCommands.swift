@@ -62,7 +62,8 @@ public struct PendingCommands: Sendable {
 
     /// Forgets commands kept longer than `seconds`. A command counts for the
     /// window before its request came, and that request may wait up to its
-    /// own lifetime before it is handled: callers keep two windows.
+    /// own lifetime before it is handled: a takeover's replay keeps two
+    /// windows; at the cap, one (a flood must not hold it longer).
     public mutating func prune(olderThan seconds: Int, now: Date) {
         entries = entries.filter { Self.within($0.value.newest(), now: now, window: seconds) }
     }

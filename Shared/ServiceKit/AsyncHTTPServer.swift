@@ -181,11 +181,12 @@ public final class AsyncHTTPServer: Sendable {
     /// `streamBudget`: the most memory all streams' buffers may hold
     /// together (0: no limit); over it, the one whose client has taken
     /// nothing for longest is cut off. `headCheck`: asked about each request's head as soon as it is in
-    /// (on the server's thread: it must not block).
+    /// (on the server's thread: it must not block). `requireHost`: a request without exactly one
+    /// Host header (HTTP/1.0 may have none) that the head check let through is answered 400.
     public init(
         host: String = "0.0.0.0", port: Int, maxBody: Int, idleTimeoutSeconds: UInt32 = 30, requestTimeoutSeconds: UInt32 = 10,
         maxConnections: UInt32 = AsyncHTTPServer.maxConnections, connectionMemory: Int = 16 << 10, streamBudget: Int = 0,
-        headers: [String], query: [String], headCheck: HeadCheck? = nil,
+        headers: [String], query: [String], headCheck: HeadCheck? = nil, requireHost: Bool = false,
         handler: @escaping Handler
     ) throws {
         guard let port16 = UInt16(exactly: port) else { throw HTTPServerError("port \(port) is not a TCP port") }
@@ -220,6 +221,7 @@ public final class AsyncHTTPServer: Sendable {
             throw HTTPServerError(String(cBuffer: error))
         }
         fd_http_set_stream_budget(started, max(0, streamBudget))
+        fd_http_set_require_host(started, requireHost ? 1 : 0)
         self.box = box
         self.server = Mutex(Int(bitPattern: UnsafeRawPointer(started)))
         self.port = Int(fd_http_port(started))

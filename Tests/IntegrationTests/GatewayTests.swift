@@ -291,9 +291,14 @@ extension BrokerIntegration {
                 // A client that waits for 100 Continue is refused at once: it sends no body in vain.
                 let expecting = try gw.rawCall(Data("POST /v1/dispatches HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n".utf8))
                 #expect(expecting.hasPrefix("HTTP/1.1 401") && expecting.contains("\"unauthorized\""), "\(expecting.prefix(300))")
-                // A head without Host is malformed: a JSON 400 before the token is looked at.
+                // A head without Host is malformed: a JSON 400, once the token passed (without one: the 401).
                 let hostless = try gw.rawCall(Data("GET /v1/targets HTTP/1.1\r\nConnection: close\r\n\r\n".utf8))
-                #expect(hostless.hasPrefix("HTTP/1.1 400") && hostless.contains("\"invalid_request\""), "\(hostless.prefix(300))")
+                #expect(hostless.hasPrefix("HTTP/1.1 401") && hostless.contains("\"unauthorized\""), "\(hostless.prefix(300))")
+                let hostlessWithToken = try gw.rawCall(Data(
+                    "GET /v1/targets HTTP/1.1\r\nAuthorization: Bearer \(TestGateway.tokens["alice"]!)\r\nConnection: close\r\n\r\n".utf8))
+                #expect(
+                    hostlessWithToken.hasPrefix("HTTP/1.1 400") && hostlessWithToken.contains("\"invalid_request\""),
+                    "\(hostlessWithToken.prefix(300))")
                 // Off /v1 no token is asked for: the 413.
                 #expect(try await gw.call("POST", "/", user: nil, body: big).status == 413)
                 // A small chunked body is read as any other.

@@ -17,6 +17,10 @@ uint16_t fd_http_port(const fd_http_server *server);
 /// together the memory each alone may not.
 void fd_http_set_stream_budget(fd_http_server *server, size_t bytes);
 
+/// Answers 400 `invalid_request` to a request without exactly one Host
+/// header (HTTP/1.0 may have none), unless the head check refused it already.
+void fd_http_set_require_host(fd_http_server *server, int require);
+
 /// The memory all streams' buffers hold now (what waits for their clients
 /// beyond what the kernel holds, in buffers grown by doubling).
 size_t fd_http_stream_bytes(fd_http_server *server);
