@@ -36,7 +36,7 @@ struct fd_http_server {
     struct MHD_Daemon *daemon;
     fd_async_handler async_handler;
     fd_head_check head_check;
-    /// Refuse a request without exactly one Host (`fd_http_set_require_host`).
+    /// Refuse a request without exactly one Host (set at start, never changed).
     int require_host;
     /// Every stream whose response is alive, and the memory their buffers
     /// hold together; over `stream_budget` (0: none), the stream that has
@@ -254,6 +254,8 @@ static enum MHD_Result queue_too_large(struct MHD_Connection *connection) {
 static const char host_body[] =
     "{\"error\":{\"code\":\"invalid_request\",\"message\":\"a request needs one Host header (HTTP/1.0: at most one)\"}}";
 
+static int is_http10(const char *version) { return version != NULL && strcmp(version, MHD_HTTP_VERSION_1_0) == 0; }
+
 static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
     (void)kind;
     (void)value;
@@ -273,16 +275,15 @@ static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char
 static int refuse_bad_host(fd_request *request, const char *version) {
     unsigned hosts = 0;
     MHD_get_connection_values(request->connection, MHD_HEADER_KIND, count_host, &hosts);
-    int http11 = version != NULL && strncmp(version, "HTTP/1.", 7) == 0 && strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
+    int http11 = version != NULL && strncmp(version, "HTTP/1.", 7) == 0 && !is_http10(version);
     if (hosts == 1 || (hosts == 0 && !http11)) return 0;
-    char *body = malloc(sizeof host_body), *name = strdup(MHD_HTTP_HEADER_CONNECTION), *value = strdup("close");
+    char *body = strdup(host_body), *name = strdup(MHD_HTTP_HEADER_CONNECTION), *value = strdup("close");
     if (body == NULL || name == NULL || value == NULL) {
         free(body);
         free(name);
         free(value);
         return -1;
     }
-    memcpy(body, host_body, sizeof host_body);
     request->refused = 1;
     request->refusal = (fd_refusal){400, body, sizeof host_body - 1, name, value};
     return 1;
@@ -374,17 +375,15 @@ static enum MHD_Result on_async_request(void *cls, struct MHD_Connection *connec
         if (request->method == NULL || request->path == NULL || request->conn == NULL) return MHD_NO;
         // The owner's refusal (a 401) first: its answers do not depend on how the head is written.
         check_head(request);
-        pthread_mutex_lock(&server->lock);
-        int require_host = server->require_host;
-        pthread_mutex_unlock(&server->lock);
-        if (!request->refused && require_host && refuse_bad_host(request, version) < 0) return MHD_NO;
+        if (!request->refused && server->require_host && refuse_bad_host(request, version) < 0) return MHD_NO;
         // A client that waits for "100 Continue" before its body gets the refusal instead, at once:
         // no body is sent to be read and dropped. (Not HTTP/1.0: no 100 is sent to it, so it does not wait.)
-        const char *expect = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-        int http10 = version != NULL && strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
-        if (request->refused && !http10 && expect != NULL && strcasecmp(expect, "100-continue") == 0) {
-            request->state = REQUEST_QUEUED;
-            return queue_refusal(request, 1);
+        if (request->refused && !is_http10(version)) {
+            const char *expect = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+            if (expect != NULL && strcasecmp(expect, "100-continue") == 0) {
+                request->state = REQUEST_QUEUED;
+                return queue_refusal(request, 1);
+            }
         }
         const char *declared = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (declared != NULL && strtoull(declared, NULL, 10) > server->max_body) return queue_over_limit(request);
@@ -737,8 +736,8 @@ void fd_stream_release(fd_stream *stream) {
 
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
                                     unsigned max_connections, size_t max_body, size_t memory_limit,
-                                    fd_async_handler async_handler, fd_head_check head_check, void *context, char *error,
-                                    size_t error_len) {
+                                    fd_async_handler async_handler, fd_head_check head_check, int require_host,
+                                    void *context, char *error, size_t error_len) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof address);
     address.sin_family = AF_INET;
@@ -770,6 +769,7 @@ fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned ti
     }
     server->async_handler = async_handler;
     server->head_check = head_check;
+    server->require_host = require_host;
     server->max_body = max_body;
     server->context = context;
     server->max_age_s = max_age_s;
@@ -806,12 +806,6 @@ size_t fd_http_stream_bytes(fd_http_server *server) {
     size_t bytes = server->stream_bytes;
     pthread_mutex_unlock(&server->lock);
     return bytes;
-}
-
-void fd_http_set_require_host(fd_http_server *server, int require) {
-    pthread_mutex_lock(&server->lock);
-    server->require_host = require;
-    pthread_mutex_unlock(&server->lock);
 }
 
 void fd_http_set_stream_budget(fd_http_server *server, size_t bytes) {

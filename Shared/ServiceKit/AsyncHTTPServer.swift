@@ -215,13 +215,12 @@ public final class AsyncHTTPServer: Sendable {
                 }
                 return 1
             },
-            box.toOpaque(), &error, error.count)
+            requireHost ? 1 : 0, box.toOpaque(), &error, error.count)
         guard let started else {
             box.release()
             throw HTTPServerError(String(cBuffer: error))
         }
         fd_http_set_stream_budget(started, max(0, streamBudget))
-        fd_http_set_require_host(started, requireHost ? 1 : 0)
         self.box = box
         self.server = Mutex(Int(bitPattern: UnsafeRawPointer(started)))
         self.port = Int(fd_http_port(started))

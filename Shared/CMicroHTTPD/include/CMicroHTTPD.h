@@ -17,10 +17,6 @@ uint16_t fd_http_port(const fd_http_server *server);
 /// together the memory each alone may not.
 void fd_http_set_stream_budget(fd_http_server *server, size_t bytes);
 
-/// Answers 400 `invalid_request` to a request without exactly one Host
-/// header (HTTP/1.0 may have none), unless the head check refused it already.
-void fd_http_set_require_host(fd_http_server *server, int require);
-
 /// The memory all streams' buffers hold now (what waits for their clients
 /// beyond what the kernel holds, in buffers grown by doubling).
 size_t fd_http_stream_bytes(fd_http_server *server);
@@ -60,11 +56,13 @@ typedef int (*fd_head_check)(void *context, fd_request *request, fd_refusal *ref
 /// fd_http_port); NULL on failure, with a reason in `error`. Bodies over `max_body` are answered 413 at
 /// once, without the handler (or as `head_check` says, when given). A connection still reading a request
 /// `max_age_s` after it opened, or after its last response, is closed.
-/// `memory_limit`: each connection's pool, which a request head must fit in.
+/// `memory_limit`: each connection's pool, which a request head must fit in. `require_host`: a request
+/// without exactly one Host header (HTTP/1.0 may have none) that the head check let through is answered
+/// 400 `invalid_request`.
 fd_http_server *fd_http_start_async(const char *host, uint16_t port, unsigned timeout_s, unsigned max_age_s,
                                     unsigned max_connections, size_t max_body, size_t memory_limit,
-                                    fd_async_handler handler, fd_head_check head_check, void *context, char *error,
-                                    size_t error_len);
+                                    fd_async_handler handler, fd_head_check head_check, int require_host,
+                                    void *context, char *error, size_t error_len);
 
 /// What the handler may read, on the server's thread, during its call only.
 const char *fd_request_method(const fd_request *request);
