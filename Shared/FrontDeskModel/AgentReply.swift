@@ -63,7 +63,7 @@ public struct AgentReply: Sendable, Equatable {
     /// none: like every message the services consume, a `type` that is set
     /// must end in `.v1`.
     public static func classify(type: String?, body: Data) -> Result<AgentReply, Rejection> {
-        if let type, !type.hasSuffix(".v1") {
+        if let type, !MessageVersion.isV1(type) {
             return .failure(Rejection(code: .unsupportedVersion, reason: "reply type '\(type.prefix(100))' is not a .v1 type"))
         }
         return classify(body)

@@ -42,6 +42,15 @@ public enum CommandKey {
     public static let activity = "dispatch.activity"
 }
 
+/// The version rule of every message type the services read: a `type`
+/// that is set must end in `.v1`, compared as bytes (as characters, a
+/// prepended mark such as U+0600 would join the dot and hide the suffix).
+public enum MessageVersion {
+    public static func isV1(_ type: String) -> Bool {
+        type.utf8.count >= 3 && type.utf8.suffix(3).elementsEqual(".v1".utf8)
+    }
+}
+
 /// What one message on `frontdesk.commands` is.
 public enum IntakeMessage: Sendable, Equatable {
     case request(DispatchRequest)
@@ -67,7 +76,7 @@ public enum IntakeClassifier {
         if body.count > maxBodyBytes {
             return .reject(code: .tooLarge, reason: "the body is \(body.count) bytes; the limit is \(maxBodyBytes)", failedID: nil, input: nil)
         }
-        if let type, !type.hasSuffix(".v1") {
+        if let type, !MessageVersion.isV1(type) {
             return .reject(code: .unsupportedVersion, reason: "message type '\(type.prefix(100))' is not a .v1 type", failedID: nil, input: nil)
         }
         guard [CommandKey.request, CommandKey.cancel, CommandKey.reroute].contains(routingKey) else {

@@ -33,6 +33,7 @@ struct IntakeClassifierTests {
         .init(body: "{\"id\":\"ok\",\"input\":\"\(String(repeating: "é", count: 4001))\"}", code: .invalidRequest, failedID: "ok"),
         .init(type: "frontdesk.dispatch.v2", body: #"{"id":"ok","input":"x"}"#, code: .unsupportedVersion),
         .init(type: "v1", body: #"{"id":"ok","input":"x"}"#, code: .unsupportedVersion),
+        .init(type: ".v1\u{0301}", body: #"{"id":"ok","input":"x"}"#, code: .unsupportedVersion),
         .init(key: "dispatch.other", body: #"{"id":"ok","input":"x"}"#, code: .invalidRequest),
         .init(key: "dispatch.cancel", body: #"{"reason":"user"}"#, code: .invalidRequest),
         .init(key: "dispatch.cancel", body: #"{"id":"ok","reason":5}"#, code: .invalidRequest),
@@ -46,6 +47,10 @@ struct IntakeClassifierTests {
     /// A leading byte order mark is skipped, null optional fields are absent,
     /// and unknown fields are ignored however they nest (to 512 levels).
     @Test func lenientWhereJSONAllows() {
+        // A type whose bytes end in ".v1" is version 1, though U+0600 joins its dot into one character.
+        #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: "x\u{0600}.v1", body: Data(#"{"id":"ok","input":"x"}"#.utf8))
+            == .request(DispatchRequest(id: "ok", input: "x")))
+        #expect(MessageVersion.isV1("x\u{0600}.v1") && !"x\u{0600}.v1".hasSuffix(".v1"))
         let bom = Data([0xEF, 0xBB, 0xBF]) + Data(#"{"id":"ok","input":"x"}"#.utf8)
         #expect(IntakeClassifier.classify(routingKey: "dispatch.request", type: nil, body: bom)
             == .request(DispatchRequest(id: "ok", input: "x")))

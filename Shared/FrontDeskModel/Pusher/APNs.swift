@@ -20,7 +20,7 @@ public struct PushRegistration: Sendable, Equatable, Codable {
         if body.count > IntakeClassifier.maxBodyBytes {
             return .failure(.init(code: .tooLarge, reason: "the body is \(body.count) bytes; the limit is \(IntakeClassifier.maxBodyBytes)"))
         }
-        if let type, !type.hasSuffix(".v1") {
+        if let type, !MessageVersion.isV1(type) {
             return .failure(.init(code: .unsupportedVersion, reason: "message type '\(type.prefix(100))' is not a .v1 type"))
         }
         guard String(data: body, encoding: .utf8) != nil, let parsed = try? JSONSerialization.jsonObject(with: body, options: .fragmentsAllowed) else {
