@@ -57,3 +57,39 @@ let naive = measure("baseline: score every target", seconds: 3) { input in
 }
 print(String(format: "speed-up over the baseline: %.1f×; target ≥ 200,000/s: %@", indexed / naive, indexed >= 200_000 ? "met" : "NOT met"))
 if sink == 42 { print("") }
+
+// Hostile inputs (4,000 code points, the most a request may have): the
+// longest one resolve takes. The router plans a batch of up to 256 on its
+// connection's thread, so what one costs, 256 of them hold up the intake.
+let expensive = "\u{FDFA}"  // one scalar whose compatibility form is 18
+// Distinct letters that fold (mathematical alphanumerics fold to ASCII) and distinct Hangul syllables (to jamo).
+let distinctFolding = (0..<4000).compactMap { i in Unicode.Scalar(0x1D400 + UInt32(i % 1000)).map(Character.init) }
+let distinctHangul = String((0..<4000).compactMap { i in Unicode.Scalar(0xAC00 + UInt32(i)).map(Character.init) })
+let hostile: [(String, String)] = [
+    ("'@ ' + 3,998 × U+FDFA", "@ " + String(repeating: expensive, count: 3998)),
+    ("4,000 × U+FDFA", String(repeating: expensive, count: 4000)),
+    ("2,000 × 'U+FDFA '", String(repeating: expensive + " ", count: 2000)),
+    ("4,000 Hangul syllables", String(repeating: "한", count: 4000)),
+    ("4,000 × 'é'", String(repeating: "é", count: 4000)),
+    ("2,000 × math letter + ' '", String(distinctFolding.prefix(2000).flatMap { [$0, " "] })),
+    ("4,000 math letters", String(distinctFolding)),
+    ("4,000 distinct Hangul syllables", distinctHangul),
+    ("4,000 × '@'", String(repeating: "@", count: 4000)),
+    ("1,333 × '@p '", String(repeating: "@p ", count: 1333)),
+]
+print("hostile inputs, the median and the longest of 21 resolves each:")
+var worst = Duration.zero
+for (name, input) in hostile {
+    precondition(input.unicodeScalars.count <= 4000, name)
+    var took: [Duration] = []
+    for _ in 0..<21 {
+        let started = ContinuousClock.now
+        if case .success(let r) = resolver.resolve(input: input) { sink &+= r.route.target.count }
+        took.append(ContinuousClock.now - started)
+    }
+    took.sort()
+    worst = max(worst, took[10])
+    print("  \(name.padding(toLength: 32, withPad: " ", startingAt: 0)) \(String(format: "%8.2f", took[10] / .milliseconds(1))) ms  (longest \(String(format: "%.2f", took[20] / .milliseconds(1))) ms)")
+}
+print(String(format: "a batch of 256 of the worst (by its median): %.2f s", worst / .seconds(1) * 256))
+if sink == 43 { print("") }

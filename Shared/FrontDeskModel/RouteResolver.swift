@@ -79,6 +79,9 @@ public struct RouteResolver: Sendable {
     /// Every target's entries by first word: scoring checks only entries
     /// whose first word is in the input.
     let phrases: PhraseIndex
+    /// The bytes of the table's longest word (normalised): a longer word of
+    /// an input or a hint matches nothing, and is not folded whole.
+    let longestWord: Int
 
     public init(table: RoutingTable) {
         self.table = table
@@ -118,14 +121,19 @@ public struct RouteResolver: Sendable {
         var byID: [String: [Int]] = [:]
         for (i, t) in targets.enumerated() { byID[t.route.target, default: []].append(i) }
         targetsByID = byID
+        let tableWords = targets.flatMap { $0.entries.flatMap(\.words) + $0.nameWords } + projectNames.flatMap { $0.names.joined() }
+        longestWord = max(1, tableWords.map(\.utf8.count).max() ?? 0)
     }
 
     public func resolve(input: String, projectHint: String? = nil, targetHint: String? = nil) -> Result<RouteResolution, RouteFailure> {
         if projectHint != nil || targetHint != nil {
             return resolveHints(project: projectHint, target: targetHint, input: input)
         }
-        if let mention = resolveMention(input) { return .success(mention) }
-        let text = NormalizedText(input)
+        // The input's words are read at most once: by a mention that needs
+        // them, then by the scores.
+        var words: (words: [String], starts: [String.Index])?
+        if let mention = resolveMention(input, words: &words) { return .success(mention) }
+        let text = words.map { NormalizedText(words: $0.words) } ?? NormalizedText(input, longest: longestWord)
         if let scored = resolveScores(text) { return .success(scored) }
         guard let d = table.defaultRoute else { return .failure(.noRoute) }
         return .success(RouteResolution(
@@ -157,12 +165,12 @@ public struct RouteResolver: Sendable {
 
     private func findProject(_ key: String) -> RoutingTable.Project? {
         if let i = projectsByID[key] { return table.projects[i] }
-        guard let index = projectByName[NormalizedText.words(of: key)] else { return nil }
+        guard let index = projectByName[NormalizedText.words(of: key, longest: longestWord)] else { return nil }
         return table.projects[index]
     }
 
     private func findTarget(_ key: String, in p: RoutingTable.Project) -> RoutingTable.Target? {
-        let words = NormalizedText.words(of: key)
+        let words = NormalizedText.words(of: key, longest: longestWord)
         return p.targets.first { $0.id == key } ?? p.targets.first { NormalizedText.words(of: $0.name) == words }
     }
 
@@ -172,7 +180,10 @@ public struct RouteResolver: Sendable {
 
     /// A project's best-scoring target for the input, else its first.
     private func bestTarget(of p: RoutingTable.Project, input: String) -> RoutingTable.Route {
-        let text = NormalizedText(input)
+        bestTarget(of: p, text: NormalizedText(input, longest: longestWord))
+    }
+
+    private func bestTarget(of p: RoutingTable.Project, text: NormalizedText) -> RoutingTable.Route {
         var best: (RoutingTable.Route, Int)? = nil
         for t in targets where t.route.project == p.id {
             let s = score(t, text).score
@@ -185,12 +196,13 @@ public struct RouteResolver: Sendable {
 
     /// The first `@…` in the input that names a route: `@project/target`,
     /// `@target` (id or name) or `@project` (id, name or alias).
-    private func resolveMention(_ input: String) -> RouteResolution? {
+    private func resolveMention(_ input: String, words read: inout (words: [String], starts: [String.Index])?) -> RouteResolution? {
         guard input.utf8.contains(UInt8(ascii: "@")) else { return nil }
+        var all = read
+        defer { read = all }
         // The input's words once, with where each begins: a mention takes the
         // first few after its "@" (never the rest of the input again for each
         // "@": 1,333 of them made millions of folds for one request).
-        var all: (words: [String], starts: [String.Index])?
         var searchStart = input.startIndex
         while let at = input[searchStart...].firstIndex(of: "@") {
             let after = input[input.index(after: at)...]
@@ -199,9 +211,13 @@ public struct RouteResolver: Sendable {
             if at > input.startIndex, input[input.index(before: at)].isLetter || input[input.index(before: at)].isNumber { continue }
             // "@" is no letter: the words after it are those that begin after
             // it (read only when the token alone names nothing).
+            let everyWord = { () -> (words: [String], starts: [String.Index]) in
+                let read = all ?? NormalizedText.wordsWithStarts(of: input, longest: self.longestWord)
+                all = read
+                return read
+            }
             let words = { () -> [String] in
-                let (words, starts) = all ?? NormalizedText.wordsWithStarts(of: input)
-                all = (words, starts)
+                let (words, starts) = everyWord()
                 var low = 0, high = starts.count
                 while low < high {
                     let mid = (low + high) / 2
@@ -209,15 +225,15 @@ public struct RouteResolver: Sendable {
                 }
                 return Array(words[low..<min(words.count, low + self.mentionWords)])
             }
-            if let r = mention(in: after, words: words, input: input) { return r }
+            if let r = mention(in: after, words: words, text: { NormalizedText(words: everyWord().words) }) { return r }
         }
         return nil
     }
 
     /// `text` is what follows the `@`, `words` its first words (as many as
-    /// a name can have); `input` the whole request, which a project's best
-    /// target is scored on.
-    private func mention(in text: Substring, words wordsAfter: () -> [String], input: String) -> RouteResolution? {
+    /// a name can have); `input` the whole request's words, which a
+    /// project's best target is scored on.
+    private func mention(in text: Substring, words wordsAfter: () -> [String], text input: () -> NormalizedText) -> RouteResolution? {
         let token = text.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "/" || $0 == "_" }
         if let slash = token.firstIndex(of: "/") {
             let pKey = String(token[..<slash]).lowercased(), tKey = String(token[token.index(after: slash)...]).lowercased()
@@ -242,7 +258,7 @@ public struct RouteResolver: Sendable {
             return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
         }
         if let index = [projectsByID[id], firstNamed(projectByName)].compactMap({ $0 }).min() {
-            let route = bestTarget(of: table.projects[index], input: input)
+            let route = bestTarget(of: table.projects[index], text: input())
             return exact(route, reason: "mention: @\(projectNames[index].id)", .mention)
         }
         return nil
@@ -337,7 +353,7 @@ extension RouteResolver {
     /// The baseline that resolver-bench compares against: the scoring pass
     /// over every target of the table, without the first-word index.
     public func scoreEveryTarget(_ input: String) -> Int {
-        let text = NormalizedText(input)
+        let text = NormalizedText(input, longest: longestWord)
         var best = 0
         for t in targets { best = max(best, score(t, text).score) }
         return best
@@ -355,7 +371,7 @@ extension RouteResolver {
 
     /// Every target with a non-zero score, best first (ties in table order).
     public func explain(_ input: String) -> [TargetScore] {
-        let text = NormalizedText(input)
+        let text = NormalizedText(input, longest: longestWord)
         return targets.enumerated().compactMap { index, t -> (Int, TargetScore)? in
             let s = score(t, text)
             return s.score > 0 ? (index, TargetScore(route: t.route, score: s.score, matched: s.matched.map(\.label))) : nil

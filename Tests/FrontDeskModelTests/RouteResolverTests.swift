@@ -133,6 +133,18 @@ struct RouteResolverTests {
         #expect(r.resolve(input: "none") == .failure(.noRoute))
     }
 
+    /// A word no table word is as long as costs only finding its end: the
+    /// request is routed by the rest, and a phrase does not run across it.
+    @Test func anOverlongWordMatchesNothingAndPartsAPhrase() throws {
+        let r = RouteResolver(table: try RoutingTable(json: Data(#"{"projects":[{"id":"p","targets":[{"id":"a","keywords":["board minutes"]},{"id":"b","keywords":["agm"]}]}]}"#.utf8)))
+        let giant = String(repeating: "\u{FDFA}", count: 3990)
+        #expect((try? r.resolve(input: "\(giant) agm").get())?.route.description == "p/b")
+        #expect((try? r.resolve(input: "board \(giant) minutes agm").get())?.route.description == "p/b")
+        #expect((try? r.resolve(input: "board minutes \(giant)").get())?.route.description == "p/a")
+        #expect((try? r.resolve(input: "@\(giant) board minutes").get())?.route.description == "p/a")
+        #expect(r.resolve(input: "\(giant) nothing") == .failure(.noRoute))
+    }
+
     /// A mention reads only the few words after its "@", not the rest of the
     /// input: 1,333 "@" each followed by the whole remaining input made the
     /// router's thread fold millions of characters for one request.
@@ -172,5 +184,67 @@ struct NormalizedTextTests {
     ])
     func words(_ text: String, _ expected: [String]) {
         #expect(NormalizedText.words(of: text) == expected)
+    }
+
+    /// A word longer than the longest that can match is read as `overlong`,
+    /// whatever its letters: it matches nothing and still parts its neighbours.
+    @Test func aWordPastTheLongestIsOverlong() {
+        let o = NormalizedText.overlong
+        #expect(NormalizedText.words(of: "abc defgh ij", longest: 4) == ["abc", o, "ij"])
+        #expect(NormalizedText.words(of: "abcd ÉÉÉÉ ÉÉÉÉÉ ﬁﬁ ﬁﬁﬁ", longest: 4) == ["abcd", "eeee", o, "fifi", o])
+        #expect(NormalizedText.words(of: String(repeating: "\u{FDFA}", count: 4000) + " agm", longest: 10) == [o, "agm"])
+        // Its start is its first scalar, for a mention's words.
+        let (words, starts) = NormalizedText.wordsWithStarts(of: "xy é" + String(repeating: "é", count: 100) + " z", longest: 8)
+        #expect(words == ["xy", o, "z"])
+        #expect(starts.map { "xy é\(String(repeating: "é", count: 100)) z".unicodeScalars.distance(from: "xy é\(String(repeating: "é", count: 100)) z".unicodeScalars.startIndex, to: $0) } == [0, 3, 105])
+    }
+
+    /// The words as folding scalar by scalar gives them (the definition;
+    /// `NormalizedText` folds a word's run of letters in one call).
+    static func foldedOneByOne(_ text: String) -> [String] {
+        var words: [String] = [], current = ""
+        func flush() {
+            if !current.isEmpty { words.append(current) }
+            current = ""
+        }
+        func isMark(_ c: Unicode.GeneralCategory) -> Bool { c == .nonspacingMark || c == .spacingMark || c == .enclosingMark }
+        for scalar in text.unicodeScalars {
+            let p = scalar.properties
+            if isMark(p.generalCategory) { continue }
+            guard p.isAlphabetic || p.numericType != nil else {
+                flush()
+                continue
+            }
+            for folded in String(scalar).decomposedStringWithCompatibilityMapping.unicodeScalars where !isMark(folded.properties.generalCategory) {
+                current += folded.value == 0xDF ? "ss" : folded.properties.lowercaseMapping
+            }
+        }
+        flush()
+        return words
+    }
+
+    /// Folding a run at once gives the same words as folding each scalar,
+    /// over blocks full of compatibility forms, precomposed letters,
+    /// ligatures and marks, mixed with ASCII, in random words.
+    @Test func foldingARunEqualsFoldingEachScalar() {
+        let blocks: [ClosedRange<UInt32>] = [
+            0x00C0...0x024F, 0x0370...0x03FF, 0x0400...0x04FF, 0x0300...0x036F, 0x1E00...0x1EFF, 0x2070...0x209F,
+            0x2150...0x218B, 0x2460...0x24FF, 0x3131...0x318E, 0xAC00...0xAC80, 0xFB00...0xFB4F, 0xFDF0...0xFDFD,
+            0xFE70...0xFEFC, 0xFF01...0xFFEE, 0x1D400...0x1D7FF, 0x1F100...0x1F1AD,
+        ]
+        let pool = blocks.flatMap { $0.compactMap(Unicode.Scalar.init) } + "aZ09 -é".unicodeScalars
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<300 {
+            var text = String.UnicodeScalarView()
+            for _ in 0..<Int.random(in: 1...40, using: &rng) { text.append(pool.randomElement(using: &rng)!) }
+            let s = String(text)
+            #expect(NormalizedText.words(of: s) == Self.foldedOneByOne(s), "\(s.unicodeScalars.map { String($0.value, radix: 16) })")
+        }
+        // Every scalar of the blocks alone, and after an ASCII letter.
+        for scalar in pool {
+            for s in [String(scalar), "a" + String(scalar) + "b"] {
+                #expect(NormalizedText.words(of: s) == Self.foldedOneByOne(s), "\(String(scalar.value, radix: 16))")
+            }
+        }
     }
 }
