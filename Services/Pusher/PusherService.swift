@@ -387,7 +387,7 @@ final class PusherService: Service {
             case .delivered:
                 metrics.latency.observe(max(0, Date().timeIntervalSince(update.eventAt)))
             case .rejected:
-                metrics.rejected.increment(reason ?? "unknown")
+                metrics.rejected.increment(APNs.reasonLabel(reason))
                 logger.warning("APNs refused a push", [("status", .int(status)), ("reason", .string(reason ?? "none")), ("dispatch", .string(update.dispatchId))])
             case .gone:
                 logger.info("push token gone", [("dispatch", .string(update.dispatchId)), ("reason", .string(reason ?? "Unregistered"))])

@@ -102,6 +102,14 @@ struct PushSchedulerTests {
         return last
     }
 
+    /// By default a failing token's events are let go (acked) before RabbitMQ's default
+    /// `consumer_timeout` (30 minutes) would close the channel holding them, with its
+    /// back-off's longest wait to spare.
+    @Test func theDefaultGiveUpEndsInsideTheBrokersConsumerTimeout() {
+        let s = PushScheduler()
+        #expect(s.giveUpAfter + s.maxBackoff < 1800)
+    }
+
     @Test func aDispatchWhosePushesFailForTheGiveUpTimeWhileOthersGoThroughIsLetGo() {
         var s = PushScheduler(maxBackoff: 60, giveUpAfter: 600)
         _ = s.submit(update(1), state: .sending, now: t0)
@@ -287,6 +295,12 @@ struct APNsTests {
         #expect(APNs.outcome(status: 429, body: nil, retryAfter: -3).0 == .retry(after: nil))
         #expect(APNs.outcome(status: 400, body: nil, retryAfter: 7).0 == .rejected)
         #expect(APNs.outcome(status: 400, body: Data(#"{"reason":"BadDeviceToken"}"#.utf8)) == (.rejected, "BadDeviceToken"))
+        // A peer's reason is cut for the logs, and counted as one of APNs' own or "other".
+        let long = String(repeating: "é", count: 5000)
+        let (outcome, cut) = APNs.outcome(status: 400, body: try! JSONSerialization.data(withJSONObject: ["reason": long]))
+        #expect(outcome == .rejected && cut.map { $0.utf8.count <= APNs.maxReasonBytes && long.hasPrefix($0) } == true)
+        #expect(APNs.reasonLabel("BadDeviceToken") == "BadDeviceToken")
+        #expect(APNs.reasonLabel(cut) == "other" && APNs.reasonLabel("x\(UUID())") == "other" && APNs.reasonLabel(nil) == "unknown")
         #expect(APNs.outcome(status: 403, body: nil).0 == .rejected)
         // An old token called expired is renewed and the push tried again; a young one would fare no
         // better renewed (a clock off): refused like any 403, not retried for ever.

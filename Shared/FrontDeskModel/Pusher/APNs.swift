@@ -74,14 +74,37 @@ public enum APNs {
         return lines
     }
 
-    /// APNs' answer: the outcome for the scheduler, and the reason it gave.
+    /// The reasons APNs documents for an error answer: what the rejected
+    /// pushes are counted by. Anything else (a stand-in's, or a peer's that
+    /// says a new thing each time) counts as "other", so the series stay few.
+    public static let documentedReasons: Set<String> = [
+        "BadCollapseId", "BadDeviceToken", "BadExpirationDate", "BadMessageId", "BadPriority", "BadTopic",
+        "DeviceTokenNotForTopic", "DuplicateHeaders", "IdleTimeout", "InvalidPushType", "MissingDeviceToken",
+        "MissingTopic", "PayloadEmpty", "TopicDisallowed", "BadCertificate", "BadCertificateEnvironment",
+        "ExpiredProviderToken", "Forbidden", "InvalidProviderToken", "MissingProviderToken", "UnrelatedKeyIdInToken",
+        "BadPath", "MethodNotAllowed", "ExpiredToken", "Unregistered", "PayloadTooLarge", "TooManyProviderTokenUpdates",
+        "TooManyRequests", "InternalServerError", "ServiceUnavailable", "Shutdown",
+    ]
+
+    /// The label a rejected push is counted under.
+    public static func reasonLabel(_ reason: String?) -> String {
+        guard let reason else { return "unknown" }
+        return documentedReasons.contains(reason) ? reason : "other"
+    }
+
+    /// The most of APNs' reason a log line shows.
+    public static let maxReasonBytes = 200
+
+    /// APNs' answer: the outcome for the scheduler, and the reason it gave
+    /// (at most `maxReasonBytes` of it, for the logs).
     /// `tokenAge`: how old the provider token the push carried was;
     /// `retryAfter`: the seconds of the answer's `Retry-After`, which a 429
     /// or 5xx waits at least (up to the scheduler's longest back-off).
     public static func outcome(status: Int, body: Data?, tokenAge: TimeInterval = 0, retryAfter: TimeInterval? = nil)
         -> (PushScheduler.Outcome, String?)
     {
-        let reason = body.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }?["reason"] as? String
+        let reason = (body.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }?["reason"] as? String)
+            .map { $0.utf8.count > maxReasonBytes ? String(decoding: $0.utf8.prefix(maxReasonBytes), as: UTF8.self) : $0 }
         switch status {
         case 200: return (.delivered, nil)
         case 410: return (.gone, reason ?? "Unregistered")

@@ -92,9 +92,11 @@ public struct PushScheduler: Sendable {
     public let lowPriorityInterval: TimeInterval
     public let maxBackoff: TimeInterval
     public let giveUpAfter: TimeInterval
-    /// An hour of failures in a row (`FRONTDESK_APNS_GIVE_UP_S`): far past any outage a back-off
-    /// rides out, well inside a Live Activity's eight hours.
-    public static let defaultGiveUpSeconds = 3600
+    /// 25 minutes of failures in a row (`FRONTDESK_APNS_GIVE_UP_S`): far past any outage a back-off
+    /// rides out, well inside a Live Activity's eight hours, and inside RabbitMQ's default
+    /// `consumer_timeout` (30 minutes), past which the broker closes a channel that holds a
+    /// delivery unacked, and with it every other dispatch's held events.
+    public static let defaultGiveUpSeconds = 1500
 
     public init(lowPriorityInterval: TimeInterval = 2, maxBackoff: TimeInterval = 60, giveUpAfter: TimeInterval = TimeInterval(defaultGiveUpSeconds)) {
         self.lowPriorityInterval = lowPriorityInterval
