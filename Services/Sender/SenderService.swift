@@ -115,7 +115,7 @@ final class SenderService: Service {
     /// a heartbeat every `heartbeatInterval` in the log, and from the
     /// heartbeats read, the replica count that decides each replica's share.
     private func control(_ shared: SharedStatusLog) async {
-        let backoff = Backoff(baseMs: 200, maxMs: 5000)
+        let backoff = Backoff.reconnect
         var failures = 0
         let nodes = configuration.amqp.nodes.shuffled()
         var next = 0
@@ -230,7 +230,7 @@ final class SenderService: Service {
     /// The terms of partition `k`, one after another, until the service
     /// stops (or, with several partitions, its session ends).
     private func runSlot(_ k: Int, shared: SharedStatusLog?) async {
-        let backoff = Backoff(baseMs: 200, maxMs: 5000)
+        let backoff = Backoff.reconnect
         var failures = 0
         // Every node of AMQP_URL, in a shuffled order: after a failure or a lost
         // connection the next; a back-off only once each has failed in a row.

@@ -12,7 +12,7 @@ public final class AMQPClient: Sendable {
     public struct Configuration: Sendable {
         public var connection: AMQPConnectionConfiguration
         /// Delay before reconnect attempt n+1.
-        public var reconnectBackoff = Backoff(baseMs: 200, maxMs: 10_000)
+        public var reconnectBackoff = Backoff.reconnect
 
         public init(connection: AMQPConnectionConfiguration) {
             self.connection = connection

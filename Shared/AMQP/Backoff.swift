@@ -4,6 +4,13 @@ public struct Backoff: Sendable, Equatable {
     public var baseMs: Int
     public var maxMs: Int
 
+    /// Between attempts to connect to a broker (`AMQPClient`, the sender's
+    /// own connections): at most 2 s, so a service is back within about 2 s
+    /// of its broker (with 10 s it could be 10 s after a restart, while
+    /// cancels and events waited); a refused connection costs the broker
+    /// next to nothing.
+    public static let reconnect = Backoff(baseMs: 200, maxMs: 2000)
+
     public init(baseMs: Int, maxMs: Int) {
         self.baseMs = max(0, baseMs)
         self.maxMs = max(0, maxMs)
