@@ -134,6 +134,10 @@ final class PusherService: Service {
         while !caughtUp.load(ordering: .acquiring), !stopped.load(ordering: .acquiring) {
             try? await Task.sleep(for: .milliseconds(20))
         }
+        // A connection lost: the broker returns every unacked event to the queue (and another
+        // replica may now act on it), so what this replica held is dropped unsent; told before
+        // the next connection's first delivery, never after it (which it would drop too).
+        client.onConnectionLost { [self] in dropHeldWork() }
         // Only once every token registered so far is known: the status events.
         let stopStatus = await client.consume(
             ConsumerSpecification(queue: PusherTopology.status, prefetchCount: 1000),
@@ -152,19 +156,11 @@ final class PusherService: Service {
                 }
             }
         }
-        // A connection lost: the broker returns every unacked event to the queue (and another
-        // replica may now act on it), so what this replica held is dropped unsent.
-        let watcher = Task { [self] in
-            for await state in client.stateUpdates() where state != .connected {
-                dropHeldWork()
-            }
-        }
         for await _ in stopStream { break }
         await stopStatus()
         await registrations.stop()
         registering.cancel()
         timer.cancel()
-        watcher.cancel()
         await stopTokens()
         apns.stop()
         // What was not pushed is returned to the broker: the next pusher sends it.

@@ -47,6 +47,7 @@ public final class AMQPClient: Sendable {
         /// `abandonBlockedConnections()` was called: every connection is told so.
         var abandonsBlocked = false
         var stopWaiters: [CheckedContinuation<Void, Never>] = []
+        var lostHandlers: [@Sendable () -> Void] = []
     }
 
     public let configuration: Configuration
@@ -90,6 +91,21 @@ public final class AMQPClient: Sendable {
 
     /// Connected, and the broker takes its publishes: what `/readyz` reports.
     public var isReady: Bool { connectionState.isReady && blockedReason == nil }
+
+    /// Calls `handler` each time a connection this client had ends (lost,
+    /// or closed while starting), on the client's own task before it
+    /// connects again: no delivery of the next connection has come yet, so
+    /// what a consumer still holds from the last one (the broker requeued
+    /// it) can be dropped without dropping anything new. A task following
+    /// `stateUpdates()` may run only after the next connection's first
+    /// deliveries.
+    public func onConnectionLost(_ handler: @escaping @Sendable () -> Void) {
+        state.withLock { $0.lostHandlers.append(handler) }
+    }
+
+    private func tellConnectionLost() {
+        for handler in state.withLock({ $0.lostHandlers }) { handler() }
+    }
 
     /// The current state, then every change, until the client closes.
     public func stateUpdates() -> AsyncStream<ConnectionState> {
@@ -160,6 +176,7 @@ public final class AMQPClient: Sendable {
                     try await startAllConsumers(on: connection)
                 } catch {
                     await connection.close()
+                    tellConnectionLost()  // its consumers may have delivered already
                     throw error
                 }
                 setState(.connected)
@@ -168,6 +185,7 @@ public final class AMQPClient: Sendable {
                 let lost = await connection.waitForEnd()
                 if endLive() { break }
                 onEvent(.connectionLost(lost))
+                tellConnectionLost()
                 setState(.reconnecting(reason: lost?.description ?? "closed"))
                 if nodes.count > 1 { next += 1 }  // that node may be gone: another first
             } catch {

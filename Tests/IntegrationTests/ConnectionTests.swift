@@ -1,5 +1,6 @@
 import AMQP
 import Foundation
+import Synchronization
 import Testing
 
 extension BrokerIntegration {
@@ -130,6 +131,36 @@ extension BrokerIntegration {
             try await client.withChannel { ch in
                 _ = try await ch.queueDeclare("", durable: false, exclusive: true, autoDelete: true)
             }
+            await client.shutdown()
+        }
+
+        /// A consumer holding a delivery learns that its connection ended
+        /// before the next connection's first delivery (the same message,
+        /// requeued): dropping what it held then drops nothing new.
+        @Test func aLostConnectionIsToldBeforeTheNextConnectionsFirstDelivery() async throws {
+            let queue = TestBroker.uniqueName("lost-told")
+            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration("lost-told"))
+            configuration.reconnectBackoff = Backoff(baseMs: 50, maxMs: 200)
+            let client = AMQPClient(configuration: configuration, topology: { ch in
+                _ = try await ch.queueDeclare(queue, durable: false, autoDelete: false)
+            })
+            let seen = Mutex<[String]>([])
+            client.onConnectionLost { seen.withLock { $0.append("lost") } }
+            let run = Task { await client.run() }
+            defer { run.cancel() }
+            try await waitUntil("connected", within: .seconds(10)) { client.isReady }
+            let stop = await client.consume(ConsumerSpecification(queue: queue, prefetchCount: 10), deliver: { d in
+                seen.withLock { $0.append(d.redelivered ? "redelivered" : "delivered") }  // held: never acked
+            }, ended: {})
+            try await client.publish(OutboundMessage(exchange: "", routingKey: queue, body: Data("held".utf8)))
+            try await waitUntil("the delivery", within: .seconds(10)) { seen.withLock { $0 } == ["delivered"] }
+            for round in 1...3 {
+                await client.reconnect()
+                try await waitUntil("redelivery \(round)", within: .seconds(10)) { seen.withLock { $0.count } == 1 + 2 * round }
+            }
+            #expect(seen.withLock { $0 } == ["delivered", "lost", "redelivered", "lost", "redelivered", "lost", "redelivered"])
+            await stop()
+            try await client.withChannel { _ = try await $0.queueDelete(queue) }
             await client.shutdown()
         }
 
