@@ -330,15 +330,21 @@ final class PusherService: Service {
         perform(actions)
     }
 
-    private func perform(_ actions: [PushScheduler.Action]) {
+    /// `sentTo`: the token a completed push went to. A dispatch's token is
+    /// let go (its end delivered, or APNs said it is gone) only while it is
+    /// still that one: a token registered while the push was on its way stays.
+    private func perform(_ actions: [PushScheduler.Action], sentTo: String? = nil) {
         for action in actions {
             switch action {
             case .send(let update): send(update)
             case .ack(let tags):
                 let deliveries = held.withLock { h in tags.compactMap { h.removeValue(forKey: $0) } }
                 for d in deliveries { try? d.ack() }
-            case .dropToken(let id): dropToken(id)
-            case .finished(let id): tokens.withLock { $0[id] = nil }
+            case .dropToken(let id): dropToken(id, ifStill: sentTo)
+            case .finished(let id):
+                tokens.withLock { t in
+                    if sentTo == nil || t[id]?.registration.pushToken == sentTo { t[id] = nil }
+                }
             case .gaveUp(let id):
                 metrics.givenUp.increment()
                 logger.warning("APNs took no push of a dispatch for the give-up time; its pending update is dropped", [
@@ -359,8 +365,10 @@ final class PusherService: Service {
     }
 
     private func send(_ update: PushUpdate) {
-        @Sendable func complete(_ outcome: PushScheduler.Outcome) {
-            perform(scheduler.withLock { $0.completed(update.dispatchId, sendID: update.sendID, outcome, now: Date(), jitter: Double.random(in: 0..<1)) })
+        @Sendable func complete(_ outcome: PushScheduler.Outcome, sentTo: String? = nil) {
+            perform(
+                scheduler.withLock { $0.completed(update.dispatchId, sendID: update.sendID, outcome, now: Date(), jitter: Double.random(in: 0..<1)) },
+                sentTo: sentTo)
         }
         // The token went (a 410 under another update): nothing to send to (dropping it again does nothing).
         guard let registered = tokens.withLock({ $0[update.dispatchId] }) else { return complete(.gone) }
@@ -397,12 +405,16 @@ final class PusherService: Service {
                     ("status", .int(status)), ("reason", .string(reason ?? error ?? "none")), ("dispatch", .string(update.dispatchId)),
                 ])
             }
-            complete(outcome)
+            complete(outcome, sentTo: r.pushToken)
         }
     }
 
-    private func dropToken(_ id: String) {
-        guard let gone = tokens.withLock({ $0.removeValue(forKey: id) }) else { return }
+    private func dropToken(_ id: String, ifStill token: String? = nil) {
+        let gone = tokens.withLock { t -> Registered? in
+            guard let current = t[id], token == nil || current.registration.pushToken == token else { return nil }
+            return t.removeValue(forKey: id)
+        }
+        guard let gone else { return }
         let message = OutboundMessage(
             exchange: "", routingKey: PusherTopology.tokens, body: Data(gone.registration.pushToken.utf8),
             properties: AMQPProperties.persistentJSON(messageID: "\(id)/drop/\(UUID().uuidString)", correlationID: id, type: PusherTopology.dropType)
