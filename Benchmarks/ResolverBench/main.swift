@@ -74,6 +74,7 @@ let hostile: [(String, String)] = [
     ("2,000 × math letter + ' '", String(distinctFolding.prefix(2000).flatMap { [$0, " "] })),
     ("4,000 math letters", String(distinctFolding)),
     ("4,000 distinct Hangul syllables", distinctHangul),
+    ("333 × (10 × U+FDFA + CJK + ' ')", (0..<333).map { i in String(repeating: expensive, count: 10) + String(Character(Unicode.Scalar(0x4E00 + UInt32(i))!)) + " " }.joined()),
     ("4,000 × '@'", String(repeating: "@", count: 4000)),
     ("1,333 × '@p '", String(repeating: "@p ", count: 1333)),
 ]

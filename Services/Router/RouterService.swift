@@ -253,9 +253,13 @@ struct RouterService: Service {
         // behind): its producer said not to act on it after that, so it is not
         // handled, but it is not lost either. (Anyone who may publish to the
         // default exchange can put a message on that queue by name, with any
-        // `x-death`: such a message is never a dispatch or a command; at most
-        // a failed one, as a malformed request with its id would be.)
-        if delivery.routingKey == RouterTopology.expiredQueue { return planExpired(delivery) }
+        // `x-death`: such a message is only ever dead-lettered, never a command.)
+        if delivery.routingKey == RouterTopology.expiredQueue {
+            let key = delivery.deadLetteredRoutingKey.map { "'\($0)'" } ?? "unknown"
+            let reason = "the message (routing key \(key)) expired in the router's intake before the router read it: its producer set an expiration"
+            logger.info("dead-lettered", [("code", .string(DeadLetterCode.invalidRequest.rawValue)), ("reason", .string(reason))])
+            return .publish([deadLetterMessage(delivery, .invalidRequest, reason)], counted: .deadLetter(.invalidRequest))
+        }
         let now = Date()
         switch IntakeClassifier.classify(routingKey: delivery.routingKey, type: delivery.properties.type, body: delivery.body) {
         case .reject(let code, let reason, nil, _):
@@ -280,42 +284,6 @@ struct RouterService: Service {
                 return .publish([deadLetterMessage(delivery, .unknownTarget, reason)], counted: .deadLetter(.unknownTarget))
             }
             return .publish(handOffs(SenderCommand(reroute)), counted: .command("reroute"))
-        }
-    }
-
-    /// A message that expired in the intake is read as what it was (its
-    /// routing key before it expired, from `x-death`): what is malformed gets
-    /// its own dead-letter code, a request gets `invalid_request` and, as any
-    /// invalid request with a readable id, a `failed` event (an app waiting on
-    /// it learns it ended; a known id is still a duplicate), a cancel or a
-    /// reroute is only dead-lettered, and the pusher's `dispatch.activity` is
-    /// left to the pusher, as when it comes in time.
-    private func planExpired(_ delivery: AMQPDelivery) -> Plan {
-        let expired = "it expired in the router's intake before the router read it: its producer set an expiration"
-        let deadLetter = { (code: DeadLetterCode, reason: String) -> Plan in
-            self.logger.info("dead-lettered", [("code", .string(code.rawValue)), ("reason", .string(reason))])
-            return .publish([self.deadLetterMessage(delivery, code, reason)], counted: .deadLetter(code))
-        }
-        guard let key = delivery.deadLetteredRoutingKey else {
-            return deadLetter(.invalidRequest, "the message (routing key unknown) came by the intake's expired way: \(expired)")
-        }
-        let now = Date()
-        switch IntakeClassifier.classify(routingKey: key, type: delivery.properties.type, body: delivery.body) {
-        case .notForRouter:
-            return .publish([], counted: .command("activity"))
-        case .reject(let code, let reason, nil, _):
-            return deadLetter(code, reason)
-        case .reject(let code, let reason, let id?, let input):
-            let record = RouterDecision.invalid(
-                id: id, input: input, reason: reason, body: delivery.body, now: now, lifetimeSeconds: configuration.lifetimeSeconds)
-            return decideOrReuse(record, delivery, (code, reason))
-        case .request(let request):
-            let reason = "the request \(expired)"
-            let record = RouterDecision.invalid(
-                id: request.id, input: request.input, reason: reason, body: delivery.body, now: now, lifetimeSeconds: configuration.lifetimeSeconds)
-            return decideOrReuse(record, delivery, (.invalidRequest, reason))
-        case .cancel, .reroute:
-            return deadLetter(.invalidRequest, "the \(key == CommandKey.cancel ? "cancel" : "reroute") \(expired)")
         }
     }
 
@@ -376,10 +344,8 @@ struct RouterService: Service {
         }
     }
 
-    /// A message that expired in the intake is dead-lettered under the routing key it was sent with.
     private func deadLetterMessage(_ delivery: AMQPDelivery, _ code: DeadLetterCode, _ reason: String) -> OutboundMessage {
-        let key = delivery.routingKey == RouterTopology.expiredQueue ? delivery.deadLetteredRoutingKey : nil
-        return SharedTopology.deadLetter(delivery, code: code, reason: reason, service: "frontdesk-router", routingKey: key)
+        SharedTopology.deadLetter(delivery, code: code, reason: reason, service: "frontdesk-router")
     }
 }
 

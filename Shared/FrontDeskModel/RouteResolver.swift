@@ -155,8 +155,10 @@ public struct RouteResolver: Sendable {
             return .success(exact(route, reason: "hint: project \(p.id)", .hint))
         }
         guard let target else { return .failure(.unknownTarget("''")) }
+        // The hint's words once, not once a project.
+        let words = nameWords(of: target)
         for p in table.projects {
-            if let t = findTarget(target, in: p) {
+            if let t = findTarget(target, words: words, in: p) {
                 return .success(exact(.init(project: p.id, target: t.id), reason: "hint: target \(t.id)", .hint))
             }
         }
@@ -165,13 +167,19 @@ public struct RouteResolver: Sendable {
 
     private func findProject(_ key: String) -> RoutingTable.Project? {
         if let i = projectsByID[key] { return table.projects[i] }
-        guard let index = projectByName[NormalizedText.words(of: key, longest: longestWord)] else { return nil }
+        guard let index = projectByName[nameWords(of: key)] else { return nil }
         return table.projects[index]
     }
 
-    private func findTarget(_ key: String, in p: RoutingTable.Project) -> RoutingTable.Target? {
-        let words = NormalizedText.words(of: key, longest: longestWord)
+    private func findTarget(_ key: String, words: [String]? = nil, in p: RoutingTable.Project) -> RoutingTable.Target? {
+        let words = words ?? nameWords(of: key)
         return p.targets.first { $0.id == key } ?? p.targets.first { NormalizedText.words(of: $0.name) == words }
+    }
+
+    /// A hint's or a mention's words as a name's are compared: no more than a
+    /// name of the table has (a longer hint names nothing), none longer.
+    private func nameWords(of key: String) -> [String] {
+        NormalizedText.words(of: key, longest: longestWord, maxWords: mentionWords)
     }
 
     private func exact(_ route: RoutingTable.Route, reason: String, _ source: RouteResolution.Source) -> RouteResolution {

@@ -128,10 +128,9 @@ public enum SharedTopology {
     /// cut: short strings to 255 bytes; a header with a longer key in it is
     /// left out.
     public static func deadLetter(
-        _ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String, routingKey: String? = nil
+        _ delivery: AMQPDelivery, code: DeadLetterCode, reason: String, service: String
     ) -> OutboundMessage {
         let incoming = delivery.properties
-        let routingKey = routingKey ?? delivery.routingKey
         var kept: [(String, FieldValue)] = []
         var room = delivery.frameMax - deadLetterReserve
         var dropped: Int64 = 0
@@ -152,7 +151,7 @@ public enum SharedTopology {
         headers["x-frontdesk-error"] = .string(code.rawValue)
         headers["x-frontdesk-reason"] = .string(reason.utf8Prefix(maxReasonBytes))
         headers["x-frontdesk-service"] = .string(service)
-        headers["x-frontdesk-routing-key"] = .string(routingKey.utf8Prefix(FieldTable.maxShortStringBytes))
+        headers["x-frontdesk-routing-key"] = .string(delivery.routingKey)
         let short = FieldTable.maxShortStringBytes
         let properties = AMQPProperties(
             contentType: incoming.contentType?.utf8Prefix(short), headers: headers, deliveryMode: 2,
@@ -165,7 +164,7 @@ public enum SharedTopology {
         // took it already (a nack does not say which queue refused): then it
         // holds that letter twice, never more.
         return OutboundMessage(
-            exchange: deadLetterExchange, routingKey: routingKey.utf8Prefix(short), body: delivery.body, properties: properties,
+            exchange: deadLetterExchange, routingKey: delivery.routingKey.utf8Prefix(short), body: delivery.body, properties: properties,
             ifNacked: .init(exchange: "", routingKey: deadLetterQueue))
     }
 

@@ -143,6 +143,16 @@ struct RouteResolverTests {
         #expect((try? r.resolve(input: "board minutes \(giant)").get())?.route.description == "p/a")
         #expect((try? r.resolve(input: "@\(giant) board minutes").get())?.route.description == "p/a")
         #expect(r.resolve(input: "\(giant) nothing") == .failure(.noRoute))
+        // A table word that folds to a space (U+037A) is no overlong word.
+        let odd = RouteResolver(table: try RoutingTable(json: Data(#"{"projects":[{"id":"p","targets":[{"id":"a","keywords":["\u037a"]},{"id":"b","keywords":["agm"]}]}]}"#.utf8)))
+        #expect((try? odd.resolve(input: "\(giant) agm").get())?.route.description == "p/b")
+        // A hint as long as the body allows, of one word or of many, names nothing, quickly.
+        for hint in [String(repeating: "\u{FDFA}", count: 20_000), String(repeating: "\u{FDFA} ", count: 10_000)] {
+            let started = ContinuousClock.now
+            #expect(r.resolve(input: "agm", targetHint: hint) == .failure(.unknownTarget("'\(hint)'")))
+            #expect(r.resolve(input: "agm", projectHint: hint) == .failure(.unknownTarget("'\(hint)'")))
+            #expect(ContinuousClock.now - started < .milliseconds(300))
+        }
     }
 
     /// A mention reads only the few words after its "@", not the rest of the
@@ -197,6 +207,11 @@ struct NormalizedTextTests {
         let (words, starts) = NormalizedText.wordsWithStarts(of: "xy é" + String(repeating: "é", count: 100) + " z", longest: 8)
         #expect(words == ["xy", o, "z"])
         #expect(starts.map { "xy é\(String(repeating: "é", count: 100)) z".unicodeScalars.distance(from: "xy é\(String(repeating: "é", count: 100)) z".unicodeScalars.startIndex, to: $0) } == [0, 3, 105])
+        // A letter that folds to nothing does not count towards the length.
+        #expect(NormalizedText.words(of: "fundraising\u{FF9E}", longest: 11) == ["fundraising"])
+        // A name is read to one word more than the longest name has, at most.
+        #expect(NormalizedText.words(of: "a b c d e f", longest: 4, maxWords: 2) == ["a", "b", o])
+        #expect(NormalizedText.words(of: "a b", longest: 4, maxWords: 2) == ["a", "b"])
     }
 
     /// The words as folding scalar by scalar gives them (the definition;
@@ -223,10 +238,11 @@ struct NormalizedTextTests {
         return words
     }
 
-    /// Folding a run at once gives the same words as folding each scalar,
-    /// over blocks full of compatibility forms, precomposed letters,
-    /// ligatures and marks, mixed with ASCII, in random words.
-    @Test func foldingARunEqualsFoldingEachScalar() {
+    /// Folding each letter once per text (and stopping at the longest word)
+    /// gives the words folding every scalar does, over blocks full of
+    /// compatibility forms, precomposed letters, ligatures and marks, mixed
+    /// with ASCII, in random words.
+    @Test func foldingOnceAScalarEqualsFoldingEach() {
         let blocks: [ClosedRange<UInt32>] = [
             0x00C0...0x024F, 0x0370...0x03FF, 0x0400...0x04FF, 0x0300...0x036F, 0x1E00...0x1EFF, 0x2070...0x209F,
             0x2150...0x218B, 0x2460...0x24FF, 0x3131...0x318E, 0xAC00...0xAC80, 0xFB00...0xFB4F, 0xFDF0...0xFDFD,
