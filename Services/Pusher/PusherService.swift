@@ -365,15 +365,16 @@ final class PusherService: Service {
     }
 
     private func send(_ update: PushUpdate) {
-        @Sendable func complete(_ outcome: PushScheduler.Outcome, sentTo: String? = nil) {
+        /// `sentTo`: the token the push was for ("" for none: no token is then let go).
+        @Sendable func complete(_ outcome: PushScheduler.Outcome, sentTo: String) {
             perform(
                 scheduler.withLock { $0.completed(update.dispatchId, sendID: update.sendID, outcome, now: Date(), jitter: Double.random(in: 0..<1)) },
                 sentTo: sentTo)
         }
         // The token went (a 410 under another update): nothing to send to (dropping it again does nothing).
-        guard let registered = tokens.withLock({ $0[update.dispatchId] }) else { return complete(.gone) }
+        guard let registered = tokens.withLock({ $0[update.dispatchId] }) else { return complete(.gone, sentTo: "") }
         // No provider token could be signed: tried again after a back-off, the token kept.
-        guard let bearer = bearer(now: Date()) else { return complete(.retry(after: nil)) }
+        guard let bearer = bearer(now: Date()) else { return complete(.retry(after: nil), sentTo: registered.registration.pushToken) }
         let r = registered.registration
         let url = APNs.url(base: settings.apnsURL, environment: r.environment, token: r.pushToken)
         let headers = APNs.headers(bearer: bearer.token, bundleID: settings.bundleID, priority: update.priority, expiration: nil)
