@@ -255,7 +255,8 @@ struct RouterService: Service {
         // default exchange can put a message on that queue by name, with any
         // `x-death`: such a message is only ever dead-lettered, never a command.)
         if delivery.routingKey == RouterTopology.expiredQueue {
-            let key = delivery.deadLetteredRoutingKey.map { "'\($0)'" } ?? "unknown"
+            // From a header anyone may write: cut as a routing key is.
+            let key = delivery.deadLetteredRoutingKey.map { "'\($0.utf8Prefix(FieldTable.maxShortStringBytes))'" } ?? "unknown"
             let reason = "the message (routing key \(key)) expired in the router's intake before the router read it: its producer set an expiration"
             logger.info("dead-lettered", [("code", .string(DeadLetterCode.invalidRequest.rawValue)), ("reason", .string(reason))])
             return .publish([deadLetterMessage(delivery, .invalidRequest, reason)], counted: .deadLetter(.invalidRequest))

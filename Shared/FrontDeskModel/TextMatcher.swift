@@ -139,9 +139,12 @@ struct NormalizedText: Sendable {
             }
             let properties = folded.properties
             if isMark(properties.generalCategory) { continue }
-            // Case folding, not just lower case: "ß" matches "ss".
-            if folded.value == 0xDF {
+            // Case folding, not just lower case: "ß" and "ẞ" match "ss", a
+            // final sigma "σ" (lower case alone leaves "ΟΔΟΣ" and "οδος" apart).
+            if folded.value == 0xDF || folded.value == 0x1E9E {
                 bytes.append(contentsOf: "ss".utf8)
+            } else if folded.value == 0x3C2 {
+                bytes.append(contentsOf: "σ".utf8)
             } else if properties.changesWhenLowercased {
                 bytes.append(contentsOf: properties.lowercaseMapping.utf8)
             } else {

@@ -191,6 +191,7 @@ struct NormalizedTextTests {
         ("Reply — short, confirm 14:00", ["reply", "short", "confirm", "14", "00"]),
         ("😀✓", []),
         ("Straße Ærø", ["strasse", "ærø"]),
+        ("STRAẞE ΟΔΟΣ οδος", ["strasse", "οδοσ", "οδοσ"]),
     ])
     func words(_ text: String, _ expected: [String]) {
         #expect(NormalizedText.words(of: text) == expected)
@@ -214,8 +215,9 @@ struct NormalizedTextTests {
         #expect(NormalizedText.words(of: "a b", longest: 4, maxWords: 2) == ["a", "b"])
     }
 
-    /// The words as folding scalar by scalar gives them (the definition;
-    /// `NormalizedText` folds a word's run of letters in one call).
+    /// The words as folding every scalar gives them (the definition;
+    /// `NormalizedText` folds each letter once per text, and stops at the
+    /// longest word).
     static func foldedOneByOne(_ text: String) -> [String] {
         var words: [String] = [], current = ""
         func flush() {
@@ -231,7 +233,7 @@ struct NormalizedTextTests {
                 continue
             }
             for folded in String(scalar).decomposedStringWithCompatibilityMapping.unicodeScalars where !isMark(folded.properties.generalCategory) {
-                current += folded.value == 0xDF ? "ss" : folded.properties.lowercaseMapping
+                current += [0xDF, 0x1E9E].contains(folded.value) ? "ss" : folded.value == 0x3C2 ? "σ" : folded.properties.lowercaseMapping
             }
         }
         flush()
