@@ -410,7 +410,8 @@ final class PusherService: Service {
         }
     }
 
-    private func dropToken(_ id: String, ifStill token: String? = nil) {
+    /// `token` nil: whichever token the dispatch has.
+    private func dropToken(_ id: String, ifStill token: String?) {
         let gone = tokens.withLock { t -> Registered? in
             guard let current = t[id], token == nil || current.registration.pushToken == token else { return nil }
             return t.removeValue(forKey: id)

@@ -233,15 +233,15 @@ public struct RouteResolver: Sendable {
                 }
                 return Array(words[low..<min(words.count, low + self.mentionWords)])
             }
-            if let r = mention(in: after, words: words, text: { NormalizedText(words: everyWord().words) }) { return r }
+            if let r = mention(in: after, words: words, whole: { NormalizedText(words: everyWord().words) }) { return r }
         }
         return nil
     }
 
     /// `text` is what follows the `@`, `words` its first words (as many as
-    /// a name can have); `input` the whole request's words, which a
+    /// a name can have); `whole` the whole request's words, which a
     /// project's best target is scored on.
-    private func mention(in text: Substring, words wordsAfter: () -> [String], text input: () -> NormalizedText) -> RouteResolution? {
+    private func mention(in text: Substring, words wordsAfter: () -> [String], whole: () -> NormalizedText) -> RouteResolution? {
         let token = text.prefix { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "/" || $0 == "_" }
         if let slash = token.firstIndex(of: "/") {
             let pKey = String(token[..<slash]).lowercased(), tKey = String(token[token.index(after: slash)...]).lowercased()
@@ -266,7 +266,7 @@ public struct RouteResolver: Sendable {
             return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
         }
         if let index = [projectsByID[id], firstNamed(projectByName)].compactMap({ $0 }).min() {
-            let route = bestTarget(of: table.projects[index], text: input())
+            let route = bestTarget(of: table.projects[index], text: whole())
             return exact(route, reason: "mention: @\(projectNames[index].id)", .mention)
         }
         return nil
