@@ -78,14 +78,24 @@ let hostile: [(String, String)] = [
     ("4,000 × '@'", String(repeating: "@", count: 4000)),
     ("1,333 × '@p '", String(repeating: "@p ", count: 1333)),
 ]
+// Hints: (input, project hint, target hint). A target-only hint is looked
+// for in every project; a project hint picks among that project's targets.
+let hostileHints: [(String, (String, String?, String?))] = [
+    ("target hint, the last target's name", ("the usual", nil, "Target 999 9")),
+    ("target hint naming nothing", ("the usual", nil, "no such target here")),
+    ("target hint of 4,000 × U+FDFA", ("the usual", nil, String(repeating: expensive, count: 4000))),
+    ("project hint, 4,000 × 'shared1 '", (String(repeating: "shared1 ", count: 500), "Project 999", nil)),
+    ("project + target hint by names", ("the usual", "Project 999", "Target 999 9")),
+]
+let cases = hostile.map { ($0.0, ($0.1, String?.none, String?.none)) } + hostileHints
 print("hostile inputs, the median and the longest of 21 resolves each:")
 var worst = Duration.zero
-for (name, input) in hostile {
+for (name, (input, projectHint, targetHint)) in cases {
     precondition(input.unicodeScalars.count <= 4000, name)
     var took: [Duration] = []
     for _ in 0..<21 {
         let started = ContinuousClock.now
-        if case .success(let r) = resolver.resolve(input: input) { sink &+= r.route.target.count }
+        if case .success(let r) = resolver.resolve(input: input, projectHint: projectHint, targetHint: targetHint) { sink &+= r.route.target.count }
         took.append(ContinuousClock.now - started)
     }
     took.sort()

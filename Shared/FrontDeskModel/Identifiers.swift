@@ -18,8 +18,8 @@ public enum Identifiers {
     /// A project or target id of the routing table: `[a-z0-9][a-z0-9-]{0,62}`.
     /// Such ids never contain `.`, `*` or `#`, so they are safe in routing keys.
     public static func isValidTableID(_ id: String) -> Bool {
+        guard (1...63).contains(id.utf8.count) else { return false }
         let bytes = Array(id.utf8)
-        guard (1...63).contains(bytes.count) else { return false }
         func lowerAlnum(_ b: UInt8) -> Bool {
             (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(b) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(b)
         }

@@ -71,8 +71,19 @@ public struct RouteResolver: Sendable {
     let targetsByID: [String: [Int]]
     /// The first project (in table order) by the words of its name or an alias.
     let projectByName: [[String]: Int]
-    /// The first target (in table order) by the words of its name.
+    /// The first target (in table order) by the words of its name (a name
+    /// of no words too: a hint of no words names it).
     let targetByName: [[String]: Int]
+    /// Each project's targets, by position in the table: their indices in
+    /// `targets`, and the first of them by id and by the words of its name.
+    /// A hint is looked up, not compared with every name.
+    let projectTargets: [ProjectTargets]
+
+    struct ProjectTargets: Sendable {
+        var indices: [Int] = []
+        var byID: [String: Int] = [:]
+        var byName: [[String]: Int] = [:]
+    }
     /// The most words a target's or project's name (or alias) has: all a
     /// mention needs to read after its "@".
     let mentionWords: Int
@@ -86,7 +97,9 @@ public struct RouteResolver: Sendable {
     public init(table: RoutingTable) {
         self.table = table
         var targets: [IndexedTarget] = []
+        var projectTargets: [ProjectTargets] = []
         for p in table.projects {
+            var own = ProjectTargets()
             let projectEntries = [Entry(words: NormalizedText.words(of: p.name), label: p.name, kind: .projectName)]
                 + p.aliases.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .alias) }
             for t in p.targets {
@@ -96,10 +109,16 @@ public struct RouteResolver: Sendable {
                     + projectEntries
                 var kept = entries.filter { !$0.words.isEmpty }
                 for i in kept.indices { kept[i].order = i }
-                targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: kept, nameWords: NormalizedText.words(of: t.name)))
+                let nameWords = NormalizedText.words(of: t.name)
+                if own.byID[t.id] == nil { own.byID[t.id] = targets.count }
+                if own.byName[nameWords] == nil { own.byName[nameWords] = targets.count }
+                own.indices.append(targets.count)
+                targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: kept, nameWords: nameWords))
             }
+            projectTargets.append(own)
         }
         self.targets = targets
+        self.projectTargets = projectTargets
         self.phrases = PhraseIndex(phrases: targets.map { $0.entries.map(\.words) })
         projectNames = table.projects.map { p in
             (p.id, ([p.name] + p.aliases).map { NormalizedText.words(of: $0) }.filter { !$0.isEmpty })
@@ -111,7 +130,7 @@ public struct RouteResolver: Sendable {
         }
         self.projectByName = projectByName
         var targetByName: [[String]: Int] = [:]
-        for (index, t) in targets.enumerated() where !t.nameWords.isEmpty && targetByName[t.nameWords] == nil {
+        for (index, t) in targets.enumerated() where targetByName[t.nameWords] == nil {
             targetByName[t.nameWords] = index
         }
         self.targetByName = targetByName
@@ -149,32 +168,38 @@ public struct RouteResolver: Sendable {
             guard let p = findProject(project) else { return .failure(.unknownTarget("'\(shown)'")) }
             if let target {
                 guard let t = findTarget(target, in: p) else { return .failure(.unknownTarget("'\(shown)'")) }
-                return .success(exact(.init(project: p.id, target: t.id), reason: "hint: \(p.id)/\(t.id)", .hint))
+                let route = targets[t].route
+                return .success(exact(route, reason: "hint: \(route.project)/\(route.target)", .hint))
             }
             let route = bestTarget(of: p, input: input)
-            return .success(exact(route, reason: "hint: project \(p.id)", .hint))
+            return .success(exact(route, reason: "hint: project \(table.projects[p].id)", .hint))
         }
         guard let target else { return .failure(.unknownTarget("''")) }
-        // The hint's words once, not once a project.
-        let words = nameWords(of: target)
-        for p in table.projects {
-            if let t = findTarget(target, words: words, in: p) {
-                return .success(exact(.init(project: p.id, target: t.id), reason: "hint: target \(t.id)", .hint))
-            }
+        // The first project (in table order) with a target of that id or
+        // name; in it, the one by id. The first target of an id and the
+        // first of a name tell which project that is.
+        let byID = Identifiers.isValidTableID(target) ? targetsByID[target]?.first : nil
+        let byName = targetByName[nameWords(of: target)]
+        let found: Int? = switch (byID, byName) {
+        case let (i?, n?): projectPosition(of: n) < projectPosition(of: i) ? n : i
+        case let (i, n): i ?? n
         }
-        return .failure(.unknownTarget("'\(shown)'"))
+        guard let found else { return .failure(.unknownTarget("'\(shown)'")) }
+        return .success(exact(targets[found].route, reason: "hint: target \(targets[found].route.target)", .hint))
     }
 
-    private func findProject(_ key: String) -> RoutingTable.Project? {
-        if let i = projectsByID[key] { return table.projects[i] }
-        guard let index = projectByName[nameWords(of: key)] else { return nil }
-        return table.projects[index]
+    /// A project's position in the table, by id, else by name or alias.
+    private func findProject(_ key: String) -> Int? {
+        (Identifiers.isValidTableID(key) ? projectsByID[key] : nil) ?? projectByName[nameWords(of: key)]
     }
 
-    private func findTarget(_ key: String, words: [String]? = nil, in p: RoutingTable.Project) -> RoutingTable.Target? {
-        let words = words ?? nameWords(of: key)
-        return p.targets.first { $0.id == key } ?? p.targets.first { NormalizedText.words(of: $0.name) == words }
+    /// A target of the project at `p`, by id, else by name: its index in `targets`.
+    private func findTarget(_ key: String, in p: Int) -> Int? {
+        (Identifiers.isValidTableID(key) ? projectTargets[p].byID[key] : nil) ?? projectTargets[p].byName[nameWords(of: key)]
     }
+
+    /// The position in the table of the project of the target at `t`.
+    private func projectPosition(of t: Int) -> Int { projectsByID[targets[t].route.project] ?? 0 }
 
     /// A hint's or a mention's words as a name's are compared: no more than a
     /// name of the table has (a longer hint names nothing), none longer.
@@ -187,17 +212,18 @@ public struct RouteResolver: Sendable {
     }
 
     /// A project's best-scoring target for the input, else its first.
-    private func bestTarget(of p: RoutingTable.Project, input: String) -> RoutingTable.Route {
+    private func bestTarget(of p: Int, input: String) -> RoutingTable.Route {
         bestTarget(of: p, text: NormalizedText(input, longest: longestWord))
     }
 
-    private func bestTarget(of p: RoutingTable.Project, text: NormalizedText) -> RoutingTable.Route {
+    /// The project at `p`'s best-scoring target for the text, else its first.
+    private func bestTarget(of p: Int, text: NormalizedText) -> RoutingTable.Route {
         var best: (RoutingTable.Route, Int)? = nil
-        for t in targets where t.route.project == p.id {
-            let s = score(t, text).score
-            if s > (best?.1 ?? 0) { best = (t.route, s) }
+        for t in projectTargets[p].indices {
+            let s = score(targets[t], text).score
+            if s > (best?.1 ?? 0) { best = (targets[t].route, s) }
         }
-        return best?.0 ?? .init(project: p.id, target: p.targets[0].id)
+        return best?.0 ?? .init(project: table.projects[p].id, target: table.projects[p].targets[0].id)
     }
 
     // MARK: Mentions
@@ -246,7 +272,8 @@ public struct RouteResolver: Sendable {
         if let slash = token.firstIndex(of: "/") {
             let pKey = String(token[..<slash]).lowercased(), tKey = String(token[token.index(after: slash)...]).lowercased()
             if let p = findProject(pKey), let t = findTarget(tKey, in: p) {
-                return exact(.init(project: p.id, target: t.id), reason: "mention: @\(p.id)/\(t.id)", .mention)
+                let route = targets[t].route
+                return exact(route, reason: "mention: @\(route.project)/\(route.target)", .mention)
             }
         }
         let id = String(token).lowercased()
@@ -266,7 +293,7 @@ public struct RouteResolver: Sendable {
             return exact(targets[i].route, reason: "mention: @\(targets[i].route.target)", .mention)
         }
         if let index = [projectsByID[id], firstNamed(projectByName)].compactMap({ $0 }).min() {
-            let route = bestTarget(of: table.projects[index], text: whole())
+            let route = bestTarget(of: index, text: whole())
             return exact(route, reason: "mention: @\(projectNames[index].id)", .mention)
         }
         return nil

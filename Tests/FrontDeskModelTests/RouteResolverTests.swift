@@ -133,6 +133,41 @@ struct RouteResolverTests {
         #expect(r.resolve(input: "none") == .failure(.noRoute))
     }
 
+    /// A target hint alone names the first project's (in table order) target
+    /// of that id or name; within one project an id comes before a name.
+    @Test func aTargetHintFindsTheFirstProjectWithThatIDOrName() throws {
+        let r = RouteResolver(table: try RoutingTable(json: Data(#"""
+            {"projects":[
+              {"id":"p1","targets":[{"id":"one","name":"Alpha"},{"id":"two","name":"Beta"},{"id":"delta","name":"D"}]},
+              {"id":"p2","targets":[{"id":"alpha","name":"Gamma"},{"id":"three","name":"Beta"},{"id":"four","name":"Delta"}]},
+              {"id":"p3","targets":[{"id":"x1","name":"y1"},{"id":"y1","name":"Zed"}]}]}
+            """#.utf8)))
+        for (hint, expected) in [("alpha", "p1/one"), ("Alpha", "p1/one"), ("beta", "p1/two"), ("gamma", "p2/alpha"),
+                                 ("delta", "p1/delta"), ("DELTA", "p2/four"), ("y1", "p3/y1"), ("Y1", "p3/x1"), ("zed", "p3/y1")] {
+            #expect((try? r.resolve(input: "x", targetHint: hint).get())?.route.description == expected, "\(hint)")
+        }
+        #expect((try? r.resolve(input: "x", projectHint: "p2", targetHint: "alpha").get())?.route.description == "p2/alpha")
+        #expect((try? r.resolve(input: "x", projectHint: "p2", targetHint: "Beta").get())?.route.description == "p2/three")
+        #expect(r.resolve(input: "x", projectHint: "p3", targetHint: "beta") == .failure(.unknownTarget("'p3/beta'")))
+    }
+
+    /// A target hint is looked up, not compared with every name of the table:
+    /// a batch of them (the router plans up to 256 at a time) is quick on a large table.
+    @Test func targetHintsOnALargeTableAreLookedUp() throws {
+        var projects: [String] = []
+        for p in 0..<300 {
+            let targets = (0..<10).map { #"{"id":"t\#($0)","name":"Target \#(p) \#($0)"}"# }.joined(separator: ",")
+            projects.append(#"{"id":"p\#(p)","targets":[\#(targets)]}"#)
+        }
+        let r = RouteResolver(table: try RoutingTable(json: Data(#"{"projects":[\#(projects.joined(separator: ","))]}"#.utf8)))
+        let started = ContinuousClock.now
+        for _ in 0..<128 {
+            #expect((try? r.resolve(input: "x", targetHint: "target 299 9").get())?.route.description == "p299/t9")
+            #expect(r.resolve(input: "x", targetHint: "target 300 0") == .failure(.unknownTarget("'target 300 0'")))
+        }
+        #expect(ContinuousClock.now - started < .milliseconds(250))
+    }
+
     /// A word no table word is as long as costs only finding its end: the
     /// request is routed by the rest, and a phrase does not run across it.
     @Test func anOverlongWordMatchesNothingAndPartsAPhrase() throws {
