@@ -13,6 +13,12 @@ public final class AMQPClient: Sendable {
         public var connection: AMQPConnectionConfiguration
         /// Delay before reconnect attempt n+1.
         public var reconnectBackoff = Backoff.reconnect
+        /// A connection lost sooner than this after it was up counts as a
+        /// failed attempt: the next waits `reconnectBackoff`, longer each time
+        /// in a row. Something that ends every connection at once (a delivery
+        /// that fails it, a broker that drops it) is not met with a reconnect
+        /// storm. One that lived longer is followed at once.
+        public var briefConnection = Duration.seconds(5)
 
         public init(connection: AMQPConnectionConfiguration) {
             self.connection = connection
@@ -150,6 +156,7 @@ public final class AMQPClient: Sendable {
     /// Connects and keeps connecting until `shutdown()`.
     public func run() async {
         var attempt = 0
+        var briefInARow = 0
         // Several nodes: tried in a shuffled order, one after another; a back-off
         // only once every node has failed in a row; after losing a node, the next.
         let nodes = configuration.connection.nodes.shuffled()
@@ -182,12 +189,17 @@ public final class AMQPClient: Sendable {
                 setState(.connected)
                 onEvent(.connected(attempt: attempt))
                 attempt = 0
+                let upSince = ContinuousClock.now
                 let lost = await connection.waitForEnd()
                 if endLive() { break }
                 onEvent(.connectionLost(lost))
                 tellConnectionLost()
                 setState(.reconnecting(reason: lost?.description ?? "closed"))
                 if nodes.count > 1 { next += 1 }  // that node may be gone: another first
+                briefInARow = ContinuousClock.now - upSince < configuration.briefConnection ? briefInARow + 1 : 0
+                if briefInARow > 0 {
+                    await sleepUnlessShuttingDown(milliseconds: configuration.reconnectBackoff.delayMs(afterAttempt: briefInARow))
+                }
             } catch {
                 if endLive() { break }
                 let error = AMQPError.from(error)

@@ -164,6 +164,42 @@ extension BrokerIntegration {
             await client.shutdown()
         }
 
+        /// A connection lost soon after it was up is followed by a back-off that
+        /// grows while that goes on; after one that lived, the next comes at once.
+        @Test func connectionsLostRightAfterOpeningAreRetriedLessAndLessOften() async throws {
+            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration("brief"))
+            configuration.reconnectBackoff = Backoff(baseMs: 1000, maxMs: 4000)  // waits of 0.5–1 s, then 1–2 s
+            configuration.briefConnection = .seconds(2)
+            let events = Mutex<[(connected: Bool, at: ContinuousClock.Instant)]>([])
+            let client = AMQPClient(configuration: configuration, onEvent: { event in
+                switch event {
+                case .connected: events.withLock { $0.append((true, .now)) }
+                case .connectionLost: events.withLock { $0.append((false, .now)) }
+                default: break
+                }
+            })
+            let run = Task { await client.run() }
+            defer { run.cancel() }
+            func connections() -> Int { events.withLock { $0.filter(\.connected).count } }
+            /// From the last loss to the connection after it.
+            func lastGap() -> Duration { events.withLock { $0[$0.count - 1].at - $0[$0.count - 2].at } }
+            try await waitUntil("connected", within: .seconds(10)) { connections() == 1 }
+            var gaps: [Duration] = []
+            for round in 1...2 {
+                await client.reconnect()
+                try await waitUntil("connection \(round + 1)", within: .seconds(10)) { connections() == round + 1 }
+                gaps.append(lastGap())
+            }
+            #expect(gaps[0] >= .milliseconds(500) && gaps[1] >= .milliseconds(1000), "\(gaps)")
+            // Up for longer than `briefConnection`: the next loss is followed at once.
+            let upSince = try #require(events.withLock { $0.last?.at })
+            try await waitUntil("up for 2 s", within: .seconds(10)) { ContinuousClock.now - upSince > .milliseconds(2100) }
+            await client.reconnect()
+            try await waitUntil("connection 4", within: .seconds(10)) { connections() == 4 }
+            #expect(lastGap() < .milliseconds(500), "\(lastGap())")
+            await client.shutdown()
+        }
+
         @Test(arguments: [false, true])
         func aBrokerThatFallsSilentIsNoticedByItsMissedHeartbeats(whilePublishing: Bool) async throws {
             let proxy = try FreezingProxy(upstreamPort: UInt16(TestBroker.url.port))
