@@ -62,17 +62,32 @@ final class APNsClient: Sendable {
     }
 
     /// Ends the client: what is in flight completes with an error first. The
-    /// join happens outside the lock: a completion may post again (it fails).
-    func stop() {
-        let pointer = client.withLock { c -> OpaquePointer? in
+    /// join happens outside the lock (a completion may post again; it fails),
+    /// and on a thread of its own: it waits for libcurl's thread, which must
+    /// not hold up a thread of the task pool.
+    func stop() async {
+        guard let pointer = take() else { return }
+        let address = Int(bitPattern: UnsafeRawPointer(pointer))
+        await withCheckedContinuation { (stopped: CheckedContinuation<Void, Never>) in
+            let thread = Thread {
+                fd_h2_stop(OpaquePointer(bitPattern: address))
+                stopped.resume()
+            }
+            thread.name = "apns:stop"
+            thread.start()
+        }
+    }
+
+    /// The client's pointer, once: nil after a stop.
+    private func take() -> OpaquePointer? {
+        client.withLock { c -> OpaquePointer? in
             defer { c = 0 }
             return OpaquePointer(bitPattern: c)
         }
-        if let pointer { fd_h2_stop(pointer) }
     }
 
     deinit {
-        stop()
+        if let pointer = take() { fd_h2_stop(pointer) }
         box.release()
     }
 }

@@ -162,7 +162,7 @@ final class PusherService: Service {
         registering.cancel()
         timer.cancel()
         await stopTokens()
-        apns.stop()
+        await apns.stop()
         // What was not pushed is returned to the broker: the next pusher sends it.
         let unsent = scheduler.withLock { $0.heldTags() }
         let deliveries = held.withLock { h in unsent.compactMap { h.removeValue(forKey: $0) } }

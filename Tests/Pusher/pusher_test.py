@@ -301,6 +301,18 @@ def check_takeover(b, standin, pushers):
     return f"killed the acting pusher after {len(standin.for_token(token))} push(es); the end arrived; the replica serves new tokens"
 
 
+def check_clean_stop(pushers):
+    # The replica left has a live HTTP/2 connection to the stand-in: a SIGTERM stops its
+    # consumers, returns what it holds, ends the APNs client and exits 0, promptly.
+    live = pushers[1]
+    started = time.monotonic()
+    code = live.stop()
+    took = time.monotonic() - started
+    assert code == 0, f"the pusher exited with {code} on SIGTERM"
+    assert took < 10, f"the pusher took {took:.1f} s to stop"
+    return f"exit 0 in {took:.2f} s"
+
+
 def main():
     work = tempfile.mkdtemp(prefix="frontdesk-pusher-")
     pki = apns_standin.make_pki(work)
@@ -336,7 +348,8 @@ def main():
                            ("a token APNs never takes is given up", lambda: check_give_up(b, standin, acting_port, vhost.name)),
                            ("a reroute in the same state is pushed at priority 10", lambda: check_reroute(b, standin)),
                            ("a malformed registration is dead-lettered", lambda: check_dead_letter(b)),
-                           ("kill -9 of the acting pusher", lambda: check_takeover(b, standin, pushers))]:
+                           ("kill -9 of the acting pusher", lambda: check_takeover(b, standin, pushers)),
+                           ("SIGTERM stops the pusher cleanly", lambda: check_clean_stop(pushers))]:
             try:
                 print(f"pusher: ok   {name}: {step()}")
             except Exception as e:  # noqa: BLE001 - reported, then the run fails
