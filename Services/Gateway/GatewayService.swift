@@ -33,6 +33,8 @@ final class GatewayService: Service {
     let logger: Logger
     let state: GatewayState
     let page: [String: Data]
+    /// Built once: its indices take a large table tens of milliseconds.
+    let resolver: RouteResolver
     private let presence: Presence
     /// The log has been read up to the marker this replica wrote: history is complete.
     private let caughtUp = Atomic<Bool>(false)
@@ -77,6 +79,7 @@ final class GatewayService: Service {
         self.client = client
         self.settings = settings
         self.logger = logger
+        self.resolver = RouteResolver(table: settings.table)
         self.state = GatewayState(
             metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser, maxReplayBytes: settings.maxReplayBytes,
             postedFor: TimeInterval(settings.lifetimeSeconds))
@@ -442,7 +445,7 @@ final class GatewayService: Service {
             guard let input = request.query["input"], (1...IntakeClassifier.maxInputScalars).contains(input.unicodeScalars.count) else {
                 throw GatewayError.invalid("'input' must be 1–\(IntakeClassifier.maxInputScalars) characters")
             }
-            switch RouteResolver(table: settings.table).resolve(input: input) {
+            switch resolver.resolve(input: input) {
             case .success(let resolution): return json(responder, 200, GatewayViews.route(resolution, table: settings.table))
             case .failure(let failure): throw GatewayError(422, failure.code, failure.message)
             }

@@ -71,8 +71,7 @@ public struct RouteResolver: Sendable {
     let targetsByID: [String: [Int]]
     /// The first project (in table order) by the words of its name or an alias.
     let projectByName: [[String]: Int]
-    /// The first target (in table order) by the words of its name (a name
-    /// of no words too: a hint of no words names it).
+    /// The first target (in table order) by the words of its name.
     let targetByName: [[String]: Int]
     /// Each project's targets, by position in the table: their indices in
     /// `targets`, and the first of them by id and by the words of its name.
@@ -80,8 +79,10 @@ public struct RouteResolver: Sendable {
     let projectTargets: [ProjectTargets]
 
     struct ProjectTargets: Sendable {
-        var indices: [Int] = []
+        /// Its targets' indices in `targets`: one block, in table order.
+        var indices: Range<Int> = 0..<0
         var byID: [String: Int] = [:]
+        /// By the words of their names (a name of no words is no name to look up).
         var byName: [[String]: Int] = [:]
     }
     /// The most words a target's or project's name (or alias) has: all a
@@ -99,7 +100,7 @@ public struct RouteResolver: Sendable {
         var targets: [IndexedTarget] = []
         var projectTargets: [ProjectTargets] = []
         for p in table.projects {
-            var own = ProjectTargets()
+            var own = ProjectTargets(indices: targets.count..<targets.count)
             let projectEntries = [Entry(words: NormalizedText.words(of: p.name), label: p.name, kind: .projectName)]
                 + p.aliases.map { Entry(words: NormalizedText.words(of: $0), label: $0, kind: .alias) }
             for t in p.targets {
@@ -111,10 +112,10 @@ public struct RouteResolver: Sendable {
                 for i in kept.indices { kept[i].order = i }
                 let nameWords = NormalizedText.words(of: t.name)
                 if own.byID[t.id] == nil { own.byID[t.id] = targets.count }
-                if own.byName[nameWords] == nil { own.byName[nameWords] = targets.count }
-                own.indices.append(targets.count)
+                if !nameWords.isEmpty, own.byName[nameWords] == nil { own.byName[nameWords] = targets.count }
                 targets.append(IndexedTarget(route: .init(project: p.id, target: t.id), entries: kept, nameWords: nameWords))
             }
+            own.indices = own.indices.lowerBound..<targets.count
             projectTargets.append(own)
         }
         self.targets = targets
@@ -130,7 +131,7 @@ public struct RouteResolver: Sendable {
         }
         self.projectByName = projectByName
         var targetByName: [[String]: Int] = [:]
-        for (index, t) in targets.enumerated() where targetByName[t.nameWords] == nil {
+        for (index, t) in targets.enumerated() where !t.nameWords.isEmpty && targetByName[t.nameWords] == nil {
             targetByName[t.nameWords] = index
         }
         self.targetByName = targetByName
@@ -163,7 +164,11 @@ public struct RouteResolver: Sendable {
     // MARK: Hints
 
     private func resolveHints(project: String?, target: String?, input: String) -> Result<RouteResolution, RouteFailure> {
-        let shown = [project, target].compactMap { $0 }.joined(separator: "/")
+        let shown = Self.cut([project, target].compactMap { $0 }.joined(separator: "/"), toBytes: Self.maxShownHintBytes)
+        // No name is that long: not read (a hint may fill the body, where an input has 4,000).
+        guard [project, target].allSatisfy({ $0.map(Self.isShortEnoughForAHint) ?? true }) else {
+            return .failure(.unknownTarget("'\(shown)'"))
+        }
         if let project {
             guard let p = findProject(project) else { return .failure(.unknownTarget("'\(shown)'")) }
             if let target {
@@ -179,7 +184,7 @@ public struct RouteResolver: Sendable {
         // name; in it, the one by id. The first target of an id and the
         // first of a name tell which project that is.
         let byID = Identifiers.isValidTableID(target) ? targetsByID[target]?.first : nil
-        let byName = targetByName[nameWords(of: target)]
+        let byName = targetByName[nameWords(of: target)]  // none for no words
         let found: Int? = switch (byID, byName) {
         case let (i?, n?): projectPosition(of: n) < projectPosition(of: i) ? n : i
         case let (i, n): i ?? n
@@ -196,6 +201,33 @@ public struct RouteResolver: Sendable {
     /// A target of the project at `p`, by id, else by name: its index in `targets`.
     private func findTarget(_ key: String, in p: Int) -> Int? {
         (Identifiers.isValidTableID(key) ? projectTargets[p].byID[key] : nil) ?? projectTargets[p].byName[nameWords(of: key)]
+    }
+
+    /// A hint of more code points than an input may have names nothing.
+    static func isShortEnoughForAHint(_ key: String) -> Bool {
+        if key.utf8.count <= IntakeClassifier.maxInputScalars { return true }
+        var count = 0
+        for _ in key.unicodeScalars {
+            count += 1
+            if count > IntakeClassifier.maxInputScalars { return false }
+        }
+        return true
+    }
+
+    /// How much of the hints a failure's message repeats.
+    static let maxShownHintBytes = 200
+
+    /// `text` cut to at most `limit` bytes of UTF-8 at a character's end, with "…" when cut.
+    static func cut(_ text: String, toBytes limit: Int) -> String {
+        guard text.utf8.count > limit else { return text }
+        var bytes = 0
+        var end = text.startIndex
+        for c in text {
+            bytes += c.utf8.count
+            if bytes > limit { break }
+            end = text.index(after: end)
+        }
+        return String(text[..<end]) + "…"
     }
 
     /// The position in the table of the project of the target at `t`.
@@ -216,14 +248,18 @@ public struct RouteResolver: Sendable {
         bestTarget(of: p, text: NormalizedText(input, longest: longestWord))
     }
 
-    /// The project at `p`'s best-scoring target for the text, else its first.
+    /// The project at `p`'s best-scoring target for the text (ties to the
+    /// earlier), else its first. Scored through the phrase index, as the
+    /// whole table is: the same scores, with no target compared word by word.
     private func bestTarget(of p: Int, text: NormalizedText) -> RoutingTable.Route {
-        var best: (RoutingTable.Route, Int)? = nil
-        for t in projectTargets[p].indices {
-            let s = score(targets[t], text).score
-            if s > (best?.1 ?? 0) { best = (targets[t].route, s) }
+        let block = projectTargets[p].indices
+        let hits = phrases.matches(in: text.words).filter { block.contains(Int($0)) }
+        let (touched, counts) = Self.tally(hits, targetCount: targets.count)
+        var best: (index: Int, score: Int)? = nil
+        for (index, score) in zip(touched, counts) where best.map({ Self.ranks((index, score), above: $0) }) ?? true {
+            best = (index, score)
         }
-        return best?.0 ?? .init(project: table.projects[p].id, target: table.projects[p].targets[0].id)
+        return targets[best?.index ?? block.lowerBound].route
     }
 
     // MARK: Mentions

@@ -168,6 +168,56 @@ struct RouteResolverTests {
         #expect(ContinuousClock.now - started < .milliseconds(250))
     }
 
+    /// A project hint (or `@project`) picks the project's best-scoring target
+    /// as the table's scores would, ties to the earlier, else its first.
+    @Test func aProjectHintPicksTheBestScoringTargetOfThatProject() throws {
+        let words = ["agm", "agenda", "board", "minutes", "lisa", "donor", "grant", "gala", "marcus", "invoice", "on", "call",
+                     "contract", "nda", "due", "diligence", "priya", "zoe", "jose", "dinner", "mum", "yemaya", "acme", "corp",
+                     "co", "home", "prep", "ops", "legal", "family", "fundraising", "x"]
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<500 {
+            let input = (0..<Int.random(in: 1...8, using: &rng)).map { _ in words.randomElement(using: &rng)! }.joined(separator: " ")
+            for (p, project) in resolver.table.projects.enumerated() {
+                // Brute force: every target of the project scored alone.
+                let block = resolver.projectTargets[p].indices
+                let text = NormalizedText(input)
+                var expected = resolver.targets[block.lowerBound].route
+                var best = 0
+                for t in block where resolver.score(resolver.targets[t], text).score > best {
+                    best = resolver.score(resolver.targets[t], text).score
+                    expected = resolver.targets[t].route
+                }
+                #expect((try? resolver.resolve(input: input, projectHint: project.id).get())?.route == expected, "\(input) / \(project.id)")
+                #expect((try? resolver.resolve(input: "\(input) @\(project.id)").get())?.route == expected, "\(input) @\(project.id)")
+            }
+        }
+    }
+
+    /// A hint of no words (" ", "?") names no target by name, though a
+    /// target's name may have none: only its id names that one.
+    @Test func aHintOfNoWordsNamesNothing() throws {
+        let r = RouteResolver(table: try RoutingTable(json: Data(#"{"projects":[{"id":"ops","targets":[{"id":"misc","name":"—"},{"id":"b","name":"B"}]}]}"#.utf8)))
+        for hint in [" ", "?", "—", "\u{301}"] {
+            #expect(r.resolve(input: "x", targetHint: hint) == .failure(.unknownTarget("'\(hint)'")), "\(hint)")
+            #expect(r.resolve(input: "x", projectHint: "ops", targetHint: hint) == .failure(.unknownTarget("'ops/\(hint)'")), "\(hint)")
+        }
+        #expect((try? r.resolve(input: "x", targetHint: "misc").get())?.route.description == "ops/misc")
+    }
+
+    /// A project hint on a project of many targets is scored through the
+    /// index: an input of many words costs about what it costs without a hint.
+    @Test func aProjectHintOnALargeProjectIsQuick() throws {
+        let targets = (0..<1000).map { #"{"id":"t\#($0)","keywords":["k\#($0)a","k\#($0)b","k\#($0)c","k\#($0)d","k\#($0)e"]}"# }
+        let r = RouteResolver(table: try RoutingTable(json: Data(#"{"projects":[{"id":"big","targets":[\#(targets.joined(separator: ","))]}]}"#.utf8)))
+        let input = String(repeating: "a ", count: 1999) + "k999e"
+        let started = ContinuousClock.now
+        for _ in 0..<32 {
+            #expect((try? r.resolve(input: input, projectHint: "big").get())?.route.description == "big/t999")
+            #expect((try? r.resolve(input: "@big " + input).get())?.route.description == "big/t999")
+        }
+        #expect(ContinuousClock.now - started < .milliseconds(300))
+    }
+
     /// A word no table word is as long as costs only finding its end: the
     /// request is routed by the rest, and a phrase does not run across it.
     @Test func anOverlongWordMatchesNothingAndPartsAPhrase() throws {
@@ -184,8 +234,10 @@ struct RouteResolverTests {
         // A hint as long as the body allows, of one word or of many, names nothing, quickly.
         for hint in [String(repeating: "\u{FDFA}", count: 20_000), String(repeating: "\u{FDFA} ", count: 10_000)] {
             let started = ContinuousClock.now
-            #expect(r.resolve(input: "agm", targetHint: hint) == .failure(.unknownTarget("'\(hint)'")))
-            #expect(r.resolve(input: "agm", projectHint: hint) == .failure(.unknownTarget("'\(hint)'")))
+            let shown = RouteResolver.cut(hint, toBytes: RouteResolver.maxShownHintBytes)
+            #expect(shown.utf8.count <= RouteResolver.maxShownHintBytes + 3 && shown.hasSuffix("…"))
+            #expect(r.resolve(input: "agm", targetHint: hint) == .failure(.unknownTarget("'\(shown)'")))
+            #expect(r.resolve(input: "agm", projectHint: hint) == .failure(.unknownTarget("'\(shown)'")))
             #expect(ContinuousClock.now - started < .milliseconds(300))
         }
     }
