@@ -382,7 +382,11 @@ final class GatewayService: Service {
                     if claim == .new { state.unclaim(id, by: user) }
                     throw error
                 }
-                _ = await state.waitForEvent(id, timeout: settings.firstEventWait)
+                // Its first event may show it is another's after all (posted at another
+                // replica, or sent to the broker directly, a moment earlier): 404 as above.
+                if await state.waitForEvent(id, timeout: settings.firstEventWait), let owner = state.owner(id), owner != user {
+                    throw GatewayError.notFound
+                }
             }
             let answer = JSONWriter.object { json in
                 json.field("events", "/v1/dispatches/\(id)/events")

@@ -199,7 +199,15 @@ final class GatewayState: Sendable {
         state.withLock { s in
             guard !s.book.knows(id) else { return false }
             var list = s.deferred[id] ?? []
-            if list.count >= Self.maxDeferredPerID { list.removeFirst() }
+            if list.count >= Self.maxDeferredPerID {
+                // Full: the oldest command goes, but never a cancel, which ends the
+                // dispatch whatever follows (a page that retries its registration
+                // must not push it out). A further cancel changes nothing.
+                guard let oldest = list.firstIndex(where: { $0.key != CommandKey.cancel }), key != CommandKey.cancel || !list.contains(where: { $0.key == CommandKey.cancel }) else {
+                    return true
+                }
+                list.remove(at: oldest)
+            }
             list.append(DeferredCommand(user: user, key: key, body: body))
             s.deferred[id] = list
             return true

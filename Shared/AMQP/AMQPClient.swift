@@ -196,9 +196,10 @@ public final class AMQPClient: Sendable {
                 tellConnectionLost()
                 setState(.reconnecting(reason: lost?.description ?? "closed"))
                 if nodes.count > 1 { next += 1 }  // that node may be gone: another first
+                // As for failed attempts: with several nodes, a wait only once each was lost so in a row.
                 briefInARow = ContinuousClock.now - upSince < configuration.briefConnection ? briefInARow + 1 : 0
-                if briefInARow > 0 {
-                    await sleepUnlessShuttingDown(milliseconds: configuration.reconnectBackoff.delayMs(afterAttempt: briefInARow))
+                if briefInARow > 0, briefInARow % nodes.count == 0 {
+                    await sleepUnlessShuttingDown(milliseconds: configuration.reconnectBackoff.delayMs(afterAttempt: briefInARow / nodes.count))
                 }
             } catch {
                 if endLive() { break }
@@ -230,7 +231,7 @@ public final class AMQPClient: Sendable {
 
     private func sleepUnlessShuttingDown(milliseconds: Int) async {
         let deadline = ContinuousClock.now + .milliseconds(milliseconds)
-        while ContinuousClock.now < deadline, !isShuttingDown {
+        while ContinuousClock.now < deadline, !isShuttingDown, !Task.isCancelled {
             try? await Task.sleep(for: min(.milliseconds(50), deadline - ContinuousClock.now))
         }
     }

@@ -188,10 +188,31 @@ extension BrokerIntegration {
                 // Kept too, like alice's registration for early-1: only the owner's go out.
                 #expect(try await other.call("PUT", "/v1/dispatches/early-2/activity", user: "bob", body: #"{"pushToken":"abcd"}"#).status == 204)
                 #expect(try await gw.call("PUT", "/v1/dispatches/early-1/activity", body: #"{"pushToken":"a11ce0"}"#).status == 204)
+                // A cancel is never pushed out of what waits for the first event by the commands after it.
+                #expect(try await gw.call("POST", "/v1/dispatches", body: #"{"id":"early-3","input":"the contract","project":"acme","target":"legal"}"#).status == 202)
+                #expect(try await gw.call("POST", "/v1/dispatches/early-3/cancel", body: #"{"reason":"first"}"#).status == 202)
+                try await withThrowingTaskGroup(of: Int.self) { group in
+                    for _ in 0..<(2 * 8) {
+                        group.addTask { try await gw.call("POST", "/v1/dispatches/early-3/reroute", body: #"{"project":"yemaya","target":"board-prep"}"#).status }
+                    }
+                    for try await status in group { #expect(status == 202) }
+                }
+                // bob posts an id at one replica while it waits for the first event, which shows it is
+                // alice's (posted at another a moment earlier): 404, not a 202 for a dispatch he never sees.
+                try await h.publish("dispatch.request", #"{"id":"early-4","input":"the contract","user":"alice"}"#)
+                let queued = try await h.messages("frontdesk.router.intake")
+                async let bobs = other.call("POST", "/v1/dispatches", user: "bob", body: #"{"id":"early-4","input":"mine now"}"#)
+                try await waitUntil("bob's request in the intake", within: .seconds(5)) { (try? await h.messages("frontdesk.router.intake")) == queued + 1 }
+                let drafted = #"{"dispatchId":"early-4","seq":1,"state":"drafted","user":"alice","input":"the contract","startedAt":"2026-05-13T09:41:00.000Z","at":"2026-05-13T09:41:00.000Z","elapsedMs":0,"expiresAt":"2099-05-13T09:41:00.000Z"}"#
+                try await h.channel.publish(
+                    exchange: "frontdesk.status", routingKey: "status._._.drafted", body: Data(drafted.utf8),
+                    properties: AMQPProperties(contentType: "application/json", deliveryMode: 2, correlationID: "early-4", messageID: "early-4/1", type: "frontdesk.status.v1"))
+                #expect(try await bobs.status == 404)
                 let sse = try SSEClient(port: gw.port, path: "/v1/dispatches/early-1/events", token: TestGateway.tokens["alice"])
                 try await h.startRouter()
-                let events = try await h.events(untilEnded: "early-1")
+                let events = try await h.events(untilEnded: "early-1", "early-3")
                 #expect(events.filter { $0["dispatchId"] as? String == "early-1" }.last?["state"] as? String == "cancelled")
+                #expect(events.filter { $0["dispatchId"] as? String == "early-3" }.last?["state"] as? String == "cancelled")
                 // early-2 is alice's: bob's cancel never went out; only hers ends it.
                 try await waitUntil("early-2 queued", within: .seconds(10)) {
                     (try? await gw.call("GET", "/v1/dispatches/early-2").body["state"] as? String) == "queued"
