@@ -201,6 +201,11 @@ public enum SenderDecisions {
         }
         if let route = pending.takeReroute(record.id, now: came, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
+            // Parked at the new target, also when it is online (its copy surfaces at once), as a
+            // reroute of a waiting dispatch is: delivered straight from here, the dispatch's lease
+            // would stay this hand-off, which names the old route, and a leader after a takeover
+            // would deliver it there ("never to the old one").
+            return take(machine) { $0.received(now: now, targetOnline: false) }
         }
         let takesNew = target(machine.route).takesNew
         return take(machine) { $0.received(now: now, targetOnline: takesNew) }
@@ -239,9 +244,10 @@ public enum SenderDecisions {
             // then changes nothing.
             let deliveredSince = (known?.lastSeq ?? 0) > copy.lastSeq
             if let to = pending.takeReroute(id, now: came, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && to == machine.route), !deliveredSince, let p = parts(to) {
+                // Parked at the new target, as at a hand-off: a new copy there supersedes this
+                // one, which a leader after a takeover would otherwise deliver at the old target.
                 _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
-                let view = target(to)
-                return take(machine) { $0.received(now: now, targetOnline: view.online && view.parked == 0) }
+                return take(machine) { $0.received(now: now, targetOnline: false) }
             }
             return take(machine) { $0.agentCameOnline(now: now) }
         }

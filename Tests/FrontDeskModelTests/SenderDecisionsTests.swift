@@ -186,6 +186,40 @@ struct SenderDecisionsTests {
         }
     }
 
+    /// A reroute kept from before its request, applied to the hand-off or to
+    /// a parked copy as it surfaces, parks a new copy at the new target even
+    /// when that target is online: the lease it leaves behind (the hand-off,
+    /// the old copy) names the old route, and after a takeover it must be
+    /// superseded, not delivered there.
+    @Test func aKeptRerouteParksAtTheNewTargetSoThatNoLeaseNamesTheOldOne() throws {
+        var pending = PendingCommands()
+        pending.add(.reroute(id: "d-1", route: legal), at: at(-1))
+        let handedOff = try #require(actions(SenderDecisions.handOff(
+            routedRecord(), redelivered: false, deliveryCount: 0, known: nil, held: false, pending: &pending,
+            target: targets(online: true), parts: parts, policy: policy, now: at(1))))
+        #expect(handedOff.states == [.queued] && handedOff.events.first?.target?.id == "legal")
+        #expect(!handedOff.contains { $0.deliveredAttempt != nil })
+        guard case .park(let copy, _)? = handedOff.first(where: \.isPark) else {
+            Issue.record("no copy parked")
+            return
+        }
+        #expect(copy.route == legal)
+        // The same for a copy that surfaces at the old target with a reroute kept for it.
+        let (old, known) = queuedCopy()
+        var kept = PendingCommands()
+        kept.add(.reroute(id: "d-1", route: legal), at: at(2))
+        let surfaced = try #require(actions(SenderDecisions.surfaced(
+            old, .parked, deliveryCount: 0, known: known, held: false, pending: &kept,
+            target: targets(online: true), parts: parts, policy: policy, now: at(3))))
+        #expect(surfaced.states == [.queued] && surfaced.events.first?.target?.id == "legal")
+        #expect(!surfaced.contains { $0.deliveredAttempt != nil })
+        guard case .park(let moved, _)? = surfaced.first(where: \.isPark) else {
+            Issue.record("no copy parked")
+            return
+        }
+        #expect(moved.route == legal && moved.lastSeq > old.lastSeq)
+    }
+
     /// "Remembered for the lifetime window": a cancel or reroute that came
     /// more than the window before its request no longer applies to it, each
     /// counted from its own arrival (a later reroute does not keep an older
@@ -208,7 +242,7 @@ struct SenderDecisionsTests {
         mixed.add(.cancel(id: "d-1", reason: "user"), at: at(-61))
         mixed.add(.reroute(id: "d-1", route: legal), at: at(-30))
         let moved = try #require(handOff(&mixed, now: at(1)))
-        #expect(moved.states.last == .sending && moved.events.last?.target?.id == "legal", "\(moved.states)")
+        #expect(moved.states == [.queued] && moved.events.last?.target?.id == "legal" && moved.contains(where: \.isPark), "\(moved.states)")
         // Both past: delivered where the router sent it.
         var old = PendingCommands()
         old.add(.cancel(id: "d-1", reason: "user"), at: at(-100))
