@@ -91,7 +91,10 @@ public enum IntakeClassifier {
         do {
             parsed = try JSONReader.parseMessage(body)
         } catch {
-            return .reject(code: .invalidJSON, reason: "the body is not valid UTF-8 JSON: \(error)", failedID: nil, input: nil)
+            // CONTRACT: "A malformed cancel or reroute gets exactly one dead letter (invalid_request)";
+            // a request that is no JSON is `invalid_json`.
+            let code: DeadLetterCode = routingKey == CommandKey.request ? .invalidJSON : .invalidRequest
+            return .reject(code: code, reason: "the body is not valid UTF-8 JSON: \(error)", failedID: nil, input: nil)
         }
         guard case .object(let object) = parsed else {
             return .reject(code: .invalidRequest, reason: "the body is JSON but not an object", failedID: nil, input: nil)

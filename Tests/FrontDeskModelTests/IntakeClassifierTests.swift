@@ -38,7 +38,9 @@ struct IntakeClassifierTests {
         .init(key: "dispatch.cancel", body: #"{"reason":"user"}"#, code: .invalidRequest),
         .init(key: "dispatch.cancel", body: #"{"id":"ok","reason":5}"#, code: .invalidRequest),
         .init(key: "dispatch.reroute", body: #"{"id":"ok","project":"acme"}"#, code: .invalidRequest),
-        .init(key: "dispatch.reroute", body: "nope", code: .invalidJSON),
+        // A malformed cancel or reroute is `invalid_request` (CONTRACT, Cancel), also when it is no JSON.
+        .init(key: "dispatch.reroute", body: "nope", code: .invalidRequest),
+        .init(key: "dispatch.cancel", body: #"{"id":"ok",}"#, code: .invalidRequest),
         .init(body: #"{"id":"ok","input":"x",}"#, code: .invalidJSON),
         .init(body: #"{"id":"ok","input":null}"#, code: .invalidRequest, failedID: "ok"),
         .init(body: #"{"id":"ok","input":"x","x":"# + String(repeating: "[", count: 600) + String(repeating: "]", count: 600) + "}", code: .invalidJSON),

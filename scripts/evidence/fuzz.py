@@ -65,7 +65,7 @@ def malformed(rng, n):
     if kind == 10:
         return "dispatch.cancel", json.dumps(rng.choice([{}, {"id": 5}, {"id": "a#b"}, {"id": good_id, "reason": 7}])).encode(), None, "invalid_request"
     if kind == 11:
-        return "dispatch.cancel", b"{cancel", None, "invalid_json"
+        return "dispatch.cancel", b"{cancel", None, "invalid_request"  # a malformed cancel, JSON or not (CONTRACT, Cancel)
     if kind == 12:
         return "dispatch.reroute", json.dumps(rng.choice([{"id": good_id}, {"id": good_id, "project": 1, "target": "x"},
                                                            {"project": "acme", "target": "ops"}])).encode(), None, "invalid_request"
