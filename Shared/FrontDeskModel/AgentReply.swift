@@ -128,13 +128,41 @@ public struct AgentReply: Sendable, Equatable {
         }
         var error: StatusEvent.ErrorInfo? = nil
         if case .object(let e)? = o["error"] {
-            error = .init(code: e["code"]?.stringValue ?? "agent_error", message: e["message"]?.stringValue ?? "")
+            error = .init(
+                code: line(e["code"]?.stringValue ?? "agent_error", max: maxErrorCode),
+                message: line(e["message"]?.stringValue ?? "", max: maxErrorMessage))
         }
         var retryable = false
         if case .bool(let b)? = o["retryable"] { retryable = b }
         return .success(AgentReply(
-            dispatchId: id, attempt: attempt, kind: kind, text: o["text"]?.stringValue, activity: o["activity"]?.stringValue,
+            dispatchId: id, attempt: attempt, kind: kind, text: o["text"]?.stringValue,
+            activity: o["activity"]?.stringValue.map { line($0, max: maxActivity) },
             etaMs: integer(o["etaMs"], in: 0...maxEtaMs), error: error, retryable: retryable))
+    }
+
+    /// An agent's `activity` is "a short human line" (CONTRACT) copied into
+    /// every later `sending` event; its error code and message go into the
+    /// `failed` one. Each is kept to one line of at most this many characters.
+    static let maxActivity = 200
+    static let maxErrorCode = 64
+    static let maxErrorMessage = 500
+
+    /// `text` as one line: line breaks and other control characters become
+    /// spaces, and past `max` characters it is cut, ending in "…" (at most
+    /// `max` in all, so that reading it again changes nothing).
+    static func line(_ text: String, max: Int) -> String {
+        var out: [Character] = []
+        for c in text {
+            guard out.count < max else {
+                out[max - 1] = "…"
+                break
+            }
+            let breaks = c.unicodeScalars.contains {
+                [.control, .lineSeparator, .paragraphSeparator].contains($0.properties.generalCategory)
+            }
+            out.append(breaks ? " " : c)
+        }
+        return String(out)
     }
 
     /// The last ≤ 3 non-empty lines of a reply, for the preview.

@@ -40,6 +40,25 @@ struct UntrustedValueTests {
         }
     }
 
+    /// An agent's activity is one short line in every later `sending` event,
+    /// its error's code and message short lines in the `failed` one; reading
+    /// a reply passed on (re-encoded) again changes nothing.
+    @Test func anAgentsActivityAndErrorAreShortLines() throws {
+        let long = String(repeating: "é", count: 300)
+        let body = #"{"dispatchId":"d-1","attempt":1,"kind":"error","activity":"line one\nline two\u0000\u2028\#(long)","error":{"code":"\#(long)","message":"\#(long)\#(long)"}}"#
+        let r = try AgentReply.classify(type: nil, body: Data(body.utf8)).get()
+        let activity = try #require(r.activity)
+        #expect(activity.count == AgentReply.maxActivity && activity.hasPrefix("line one line two  é") && activity.hasSuffix("é…"))
+        #expect(!activity.contains("\n") && !activity.contains("\u{0}") && !activity.contains("\u{2028}"))
+        #expect(r.error?.code.count == AgentReply.maxErrorCode && r.error?.message.count == AgentReply.maxErrorMessage)
+        #expect(try AgentReply.classify(type: nil, body: r.jsonData()).get() == r)
+        // Short lines stay as they are; a "\r\n" (one character) is one space.
+        #expect(AgentReply.line("Drafting reply", max: 200) == "Drafting reply")
+        #expect(AgentReply.line("a\r\nb", max: 200) == "a b")
+        #expect(AgentReply.line(String(repeating: "x", count: 200), max: 200).count == 200)
+        #expect(AgentReply.line(String(repeating: "x", count: 201), max: 200) == String(repeating: "x", count: 199) + "…")
+    }
+
     @Test func aReplyOverTheLimitIsReadAsAnErrorOfItsAttemptUpToAMegabyte() throws {
         func body(_ fields: String, text count: Int) -> Data {
             Data(("{" + fields + #","text":""# + String(repeating: "x", count: count) + #""}"#).utf8)
