@@ -12,6 +12,8 @@ import Synchronization
 final class GatewayService: Service {
     struct Settings: Sendable {
         var tokens: GatewayTokens
+        /// The file they came from: read again when it changes.
+        var tokensPath: String? = nil
         var table: RoutingTable
         var lifetimeSeconds: Int
         var login: String
@@ -35,6 +37,7 @@ final class GatewayService: Service {
     let page: [String: Data]
     /// Built once: its indices take a large table tens of milliseconds.
     let resolver: RouteResolver
+    let tokenSource: TokenSource
     private let presence: Presence
     /// The log has been read up to the marker this replica wrote: history is complete.
     private let caughtUp = Atomic<Bool>(false)
@@ -83,6 +86,7 @@ final class GatewayService: Service {
         self.state = GatewayState(
             metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser, maxReplayBytes: settings.maxReplayBytes,
             postedFor: TimeInterval(settings.lifetimeSeconds))
+        self.tokenSource = TokenSource(initial: settings.tokens, path: settings.tokensPath, logger: logger, reads: state.metrics.tokenReads)
         self.page = page
         self.presence = Presence(client: client, table: settings.table)
         (stopStream, stopSignal) = AsyncStream<Void>.makeStream()
@@ -107,6 +111,8 @@ final class GatewayService: Service {
     // MARK: Service
 
     func run() async throws {
+        tokenSource.start()
+        defer { tokenSource.stop() }
         let since = UInt64(max(0, Date().timeIntervalSince1970 - Double(settings.lifetimeSeconds) - 300))
         let state = state, login = settings.login
         let stop = await client.consume(
@@ -264,7 +270,7 @@ final class GatewayService: Service {
 
     private func user(_ request: AsyncHTTPRequest) throws(GatewayError) -> String {
         guard request.headers["authorization"] != nil else { throw .unauthorized("a bearer token is required") }
-        guard let user = settings.tokens.user(authorization: request.headers["authorization"], digest: Self.sha256Hex) else {
+        guard let user = tokenSource.tokens.user(authorization: request.headers["authorization"], digest: Self.sha256Hex) else {
             throw .unauthorized("the token is not valid")
         }
         return user

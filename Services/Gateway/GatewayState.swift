@@ -381,6 +381,8 @@ struct GatewayMetrics: Sendable {
     let logReads: Counter
     /// From an event's `at` to the gateway taking it (the first of its two copies).
     let eventDelay: Histogram
+    /// The tokens file read again after a change: `taken`, or `kept` (the tokens in use) when it was not valid.
+    let tokenReads: Counter
 
     init(_ registry: MetricsRegistry) {
         requests = registry.counter("frontdesk_gateway_requests_total", "HTTP requests by status code", labels: ["status"])
@@ -393,6 +395,8 @@ struct GatewayMetrics: Sendable {
         replaysCut = registry.counter(
             "frontdesk_gateway_replays_cut_total", "event streams ended at the replay limit, for the client to resume with Last-Event-ID")
         logReads = registry.counter("frontdesk_gateway_log_reads_total", "messages read from the status log, copies and markers included")
+        tokenReads = registry.counter(
+            "frontdesk_gateway_token_reads_total", "the tokens file read again after a change: taken, or kept (not valid)", labels: ["result"])
     }
 }
 

@@ -90,7 +90,7 @@ if page.count != GatewayEndpoint.pageFiles.count {
 let gateway = GatewayService(
     client: bootstrap.client,
     settings: .init(
-        tokens: tokens, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue,
+        tokens: tokens, tokensPath: values["FRONTDESK_GATEWAY_TOKENS"], table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue,
         maxStreamsPerUser: streamsPerUser, maxReplayBytes: replayBytes),
     logger: bootstrap.logger, metrics: bootstrap.metrics, page: page)
 

@@ -66,7 +66,9 @@ struct GatewayTokensTests {
     }
 
     @Test(arguments: [#"[]"#, #"{"abc":"u"}"#, #"{"\#(String(repeating: "zz", count: 32))":"u"}"#,
-                      #"{"\#(String(repeating: "ab", count: 32))":""}"#, #"{"\#(String(repeating: "ab", count: 32))":7}"#, "not json"])
+                      #"{"\#(String(repeating: "ab", count: 32))":""}"#, #"{"\#(String(repeating: "ab", count: 32))":7}"#, "not json",
+                      // One digest twice, as JSON keys of different case: which user would it be?
+                      #"{"\#(String(repeating: "ab", count: 32))":"a","\#(String(repeating: "AB", count: 32))":"b"}"#])
     func aBadTokensFileIsRefused(json: String) {
         #expect(throws: GatewayConfigError.self) { try GatewayTokens(json: Data(json.utf8)) }
     }

@@ -351,6 +351,44 @@ extension BrokerIntegration {
             }
         }
 
+        /// A token added or revoked in the tokens file counts within seconds,
+        /// with no restart; a file that no longer reads as tokens changes nothing.
+        @Test func theTokensFileIsReadAgainWhenItChanges() async throws {
+            try await withHarness("gw-tokens") { h in
+                let path = FileManager.default.temporaryDirectory.appendingPathComponent("tokens-\(UUID().uuidString).json").path
+                defer { try? FileManager.default.removeItem(atPath: path) }
+                func write(_ users: [String], raw: String? = nil) throws {
+                    var object: [String: String] = [:]
+                    for user in users { object[TestGateway.sha256(TestGateway.tokens[user]!)] = user }
+                    let data = try raw.map { Data($0.utf8) } ?? JSONSerialization.data(withJSONObject: object)
+                    // As a Secret or an editor replaces it: a new file moved over the old one.
+                    try data.write(to: URL(fileURLWithPath: path + ".new"))
+                    _ = rename(path + ".new", path)
+                }
+                try write(["alice"])
+                let gw = try await h.startGateway(extraEnvironment: ["FRONTDESK_GATEWAY_TOKENS": path])
+                #expect(try await gw.call("GET", "/v1/targets", user: "alice").status == 200)
+                #expect(try await gw.call("GET", "/v1/targets", user: "bob").status == 401)
+                try write(["bob"])
+                try await waitUntil("bob's token taken", within: .seconds(10)) {
+                    (try? await gw.call("GET", "/v1/targets", user: "bob").status) == 200
+                }
+                #expect(try await gw.call("GET", "/v1/targets", user: "alice").status == 401)
+                try write(["alice", "bob"])
+                try await waitUntil("both tokens taken", within: .seconds(10)) {
+                    (try? await gw.call("GET", "/v1/targets", user: "alice").status) == 200
+                }
+                #expect(try await gw.call("GET", "/v1/targets", user: "bob").status == 200)
+                // Not tokens any more: the ones in use stay.
+                try write([], raw: "{not json")
+                try await waitUntil("the bad file seen", within: .seconds(10)) {
+                    (try? await h.metrics(gw.process))?.contains(#"frontdesk_gateway_token_reads_total{result="kept"} 1"#) == true
+                }
+                #expect(try await gw.call("GET", "/v1/targets", user: "alice").status == 200)
+                #expect(try await gw.call("GET", "/v1/targets", user: "bob").status == 200)
+            }
+        }
+
         @Test func targetsRouteAndActivity() async throws {
             try await withHarness("gw-targets") { h in
                 try await h.startRouter()

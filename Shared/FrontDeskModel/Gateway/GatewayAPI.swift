@@ -119,7 +119,10 @@ public struct GatewayTokens: Sendable, Equatable {
             guard let user = value as? String, !user.isEmpty, user.unicodeScalars.count <= 128 else {
                 throw GatewayConfigError("the user of \(lower.prefix(8))… must be a string of 1–128 characters")
             }
-            users[lower] = user
+            // JSON keys differ by case where digests do not: two for one digest is a mistake to name.
+            guard users.updateValue(user, forKey: lower) == nil else {
+                throw GatewayConfigError("the digest \(lower.prefix(8))… appears twice (digests are read in lower case)")
+            }
         }
         self.users = users
     }
