@@ -485,8 +485,12 @@ const char *fd_request_header(fd_request *request, const char *name) {
     return MHD_lookup_connection_value(request->connection, MHD_HEADER_KIND, name);
 }
 
-const char *fd_request_query(fd_request *request, const char *name) {
-    return MHD_lookup_connection_value(request->connection, MHD_GET_ARGUMENT_KIND, name);
+const char *fd_request_query(fd_request *request, const char *name, size_t *length) {
+    const char *value = NULL;
+    size_t size = 0;
+    if (MHD_lookup_connection_value_n(request->connection, MHD_GET_ARGUMENT_KIND, name, strlen(name), &value, &size) != MHD_YES) return NULL;
+    *length = value ? size : 0;
+    return value ? value : "";
 }
 
 const void *fd_request_body(const fd_request *request, size_t *length) {

@@ -158,7 +158,10 @@ public final class AsyncHTTPServer: Sendable {
             }
             var query: [String: String] = [:]
             for name in self.query {
-                if let v = fd_request_query(request, name) { query[name] = String(cString: v) }
+                var length = 0
+                if let v = fd_request_query(request, name, &length) {
+                    query[name] = String(decoding: UnsafeRawBufferPointer(start: v, count: length), as: UTF8.self)
+                }
             }
             var length = 0
             let bytes = fd_request_body(request, &length)

@@ -423,6 +423,9 @@ extension BrokerIntegration {
                 let long = try await gw.call("GET", "/v1/route?input=" + longest.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)
                 #expect(long.status == 200)
                 #expect((long.body["target"] as? [String: Any])?["id"] as? String == "board-prep")
+                // A "%00" is a character of the input, not its end: what follows it counts.
+                let nul = try await gw.call("GET", "/v1/route?input=hello%00%40acme/legal")
+                #expect(nul.status == 200 && (nul.body["target"] as? [String: Any])?["id"] as? String == "legal", "\(nul.body)")
 
                 let registered = try await gw.call("PUT", "/v1/dispatches/park-1/activity", body: #"{"pushToken":"00FFab12","environment":"sandbox"}"#)
                 #expect(registered.status == 204)

@@ -69,8 +69,8 @@ const char *fd_request_method(const fd_request *request);
 const char *fd_request_path(const fd_request *request);
 /// A header's value, or NULL.
 const char *fd_request_header(fd_request *request, const char *name);
-/// A query argument, decoded, or NULL.
-const char *fd_request_query(fd_request *request, const char *name);
+/// A query argument, decoded, or NULL; its length in `length` (a "%00" in it is a NUL, not its end).
+const char *fd_request_query(fd_request *request, const char *name, size_t *length);
 const void *fd_request_body(const fd_request *request, size_t *length);
 
 /// Answers once (copies the body). `extra` is one more header line's name
