@@ -12,8 +12,9 @@ import Synchronization
 final class GatewayService: Service {
     struct Settings: Sendable {
         var tokens: GatewayTokens
-        /// The file they came from: read again when it changes.
+        /// The file they came from, and what `stat` said of it before it was read: read again when it changes.
         var tokensPath: String? = nil
+        var tokensStamp: TokenSource.Stamp? = nil
         var table: RoutingTable
         var lifetimeSeconds: Int
         var login: String
@@ -86,7 +87,8 @@ final class GatewayService: Service {
         self.state = GatewayState(
             metrics: GatewayMetrics(metrics), maxStreamsPerUser: settings.maxStreamsPerUser, maxReplayBytes: settings.maxReplayBytes,
             postedFor: TimeInterval(settings.lifetimeSeconds))
-        self.tokenSource = TokenSource(initial: settings.tokens, path: settings.tokensPath, logger: logger, reads: state.metrics.tokenReads)
+        self.tokenSource = TokenSource(
+            initial: settings.tokens, path: settings.tokensPath, stamp: settings.tokensStamp, logger: logger, reads: state.metrics.tokenReads)
         self.page = page
         self.presence = Presence(client: client, table: settings.table)
         (stopStream, stopSignal) = AsyncStream<Void>.makeStream()

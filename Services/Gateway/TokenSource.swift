@@ -11,7 +11,9 @@ import Glibc
 /// token added or revoked, a Kubernetes Secret updated in place): checked
 /// every `interval` on a thread of its own (a `stat`, and a read only when
 /// it changed), never on the task pool. A file that no longer reads as
-/// tokens is logged and the tokens in use are kept.
+/// tokens is logged and the tokens in use are kept. (A file bind-mounted
+/// alone into a container keeps the inode it had: edit it in place there,
+/// or mount its directory.)
 final class TokenSource: Sendable {
     /// What `stat` says of the file: a change of any is a new file to read.
     struct Stamp: Equatable, Sendable {
@@ -27,12 +29,14 @@ final class TokenSource: Sendable {
     private let stamp = Mutex<Stamp?>(nil)
     private let stopped = Atomic<Bool>(false)
 
-    init(initial: GatewayTokens, path: String?, logger: Logger, reads: Counter) {
+    /// `initial` as read from `path` when it had `stamp` (taken before the
+    /// read: a change made meanwhile is read again).
+    init(initial: GatewayTokens, path: String?, stamp: Stamp?, logger: Logger, reads: Counter) {
         current = Mutex(initial)
         self.path = path
         self.logger = logger
         self.reads = reads
-        if let path { stamp.withLock { $0 = Self.stamp(of: path) } }
+        self.stamp.withLock { $0 = stamp }
     }
 
     var tokens: GatewayTokens { current.withLock { $0 } }
@@ -54,7 +58,7 @@ final class TokenSource: Sendable {
 
     /// Reads the file again if it changed since it was last read.
     func check() {
-        guard let path else { return }
+        guard let path, !stopped.load(ordering: .acquiring) else { return }
         let now = Self.stamp(of: path)
         guard stamp.withLock({ s in
             defer { s = now }
@@ -76,7 +80,7 @@ final class TokenSource: Sendable {
         }
     }
 
-    private static func stamp(of path: String) -> Stamp? {
+    static func stamp(of path: String) -> Stamp? {
         var s = stat()
         guard stat(path, &s) == 0 else { return nil }
         return Stamp(

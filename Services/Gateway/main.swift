@@ -50,7 +50,9 @@ guard streamBufferBytes >= oneStream else {
     exitWithUsage("FRONTDESK_GATEWAY_STREAM_BUFFER_BYTES must be at least \(oneStream) (twice FRONTDESK_GATEWAY_REPLAY_BYTES + 4 MiB), not \(streamBufferBytes)")
 }
 var tokens = GatewayTokens(users: [:])
+var tokensStamp: TokenSource.Stamp?
 if let path = values["FRONTDESK_GATEWAY_TOKENS"] {
+    tokensStamp = TokenSource.stamp(of: path)
     guard let data = FileManager.default.contents(atPath: path) else { exitWithUsage("cannot read FRONTDESK_GATEWAY_TOKENS '\(path)'") }
     do {
         tokens = try GatewayTokens(json: data)
@@ -90,7 +92,7 @@ if page.count != GatewayEndpoint.pageFiles.count {
 let gateway = GatewayService(
     client: bootstrap.client,
     settings: .init(
-        tokens: tokens, tokensPath: values["FRONTDESK_GATEWAY_TOKENS"], table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue,
+        tokens: tokens, tokensPath: values["FRONTDESK_GATEWAY_TOKENS"], tokensStamp: tokensStamp, table: table, lifetimeSeconds: configuration.lifetimeSeconds, login: configuration.login, liveQueue: liveQueue,
         maxStreamsPerUser: streamsPerUser, maxReplayBytes: replayBytes),
     logger: bootstrap.logger, metrics: bootstrap.metrics, page: page)
 

@@ -136,7 +136,7 @@ public struct AgentReply: Sendable, Equatable {
         if case .bool(let b)? = o["retryable"] { retryable = b }
         return .success(AgentReply(
             dispatchId: id, attempt: attempt, kind: kind, text: o["text"]?.stringValue,
-            activity: o["activity"]?.stringValue.map { line($0, max: maxActivity) },
+            activity: o["activity"]?.stringValue.map { line($0, max: maxActivity) }.flatMap { $0.allSatisfy(\.isWhitespace) ? nil : $0 },
             etaMs: integer(o["etaMs"], in: 0...maxEtaMs), error: error, retryable: retryable))
     }
 
@@ -148,21 +148,36 @@ public struct AgentReply: Sendable, Equatable {
     static let maxErrorMessage = 500
 
     /// `text` as one line: line breaks and other control characters become
-    /// spaces, and past `max` characters it is cut, ending in "…" (at most
-    /// `max` in all, so that reading it again changes nothing).
+    /// spaces, and past `max` characters, or 4 × `max` bytes of UTF-8 (one
+    /// character may carry any number of combining marks), it is cut, ending
+    /// in "…" (within both limits, so that reading it again changes nothing).
     static func line(_ text: String, max: Int) -> String {
-        var out: [Character] = []
+        let maxBytes = 4 * max
+        var out = ""
+        var count = 0, bytes = 0
         for c in text {
-            guard out.count < max else {
-                out[max - 1] = "…"
-                break
-            }
             let breaks = c.unicodeScalars.contains {
                 [.control, .lineSeparator, .paragraphSeparator].contains($0.properties.generalCategory)
             }
-            out.append(breaks ? " " : c)
+            let next: Character = breaks ? " " : c
+            let size = next.utf8.count
+            if count < max, bytes + size <= maxBytes {
+                out.append(next)
+                count += 1
+                bytes += size
+                continue
+            }
+            // Cut: "…" (one character, 3 bytes) takes the place of what does not fit with it.
+            var scalars = Array(out.unicodeScalars)
+            var kept = bytes
+            if count >= max, let last = out.last {
+                kept -= last.utf8.count
+                scalars.removeLast(last.unicodeScalars.count)
+            }
+            while kept > maxBytes - 3, let scalar = scalars.popLast() { kept -= scalar.utf8.count }
+            return String(String.UnicodeScalarView(scalars)) + "…"
         }
-        return String(out)
+        return out
     }
 
     /// The last ≤ 3 non-empty lines of a reply, for the preview.

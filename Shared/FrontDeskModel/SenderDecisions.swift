@@ -195,6 +195,10 @@ public enum SenderDecisions {
         guard !held, known?.accepted != true, known?.ended != true, redelivered || !publishedBefore else {
             return .drop(.duplicateHandOff)
         }
+        // Handed back after the dispatch was parked or delayed (its leader died between the
+        // copy's confirm and this ack): the copy holds it now, perhaps at another target (a
+        // kept reroute), and this lease, which names the router's route, is spent.
+        if redelivered, (known?.copySeq ?? 0) > 0 { return .drop(.superseded) }
         let came = requestCame(record, now: now)
         if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }

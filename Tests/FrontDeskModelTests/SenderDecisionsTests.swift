@@ -218,6 +218,19 @@ struct SenderDecisionsTests {
             return
         }
         #expect(moved.route == legal && moved.lastSeq > old.lastSeq)
+        // The hand-off handed back to a new leader after that copy was confirmed (its leader
+        // died before the ack): the copy at the new target holds the dispatch; the lease naming
+        // the old route is dropped, not delivered or parked there.
+        let afterPark = DispatchKnowledge(lastSeq: copy.lastSeq, copySeq: copy.lastSeq, waiting: copy)
+        var none = PendingCommands()
+        let again = SenderDecisions.handOff(
+            routedRecord(), redelivered: true, deliveryCount: 1, known: afterPark, held: false, pending: &none,
+            target: targets(online: true), parts: parts, policy: policy, now: at(2))
+        #expect(dropped(again) == .superseded)
+        // One handed back before anything was published for it is taken as usual.
+        #expect(actions(SenderDecisions.handOff(
+            routedRecord(), redelivered: true, deliveryCount: 1, known: nil, held: false, pending: &none,
+            target: targets(online: true), parts: parts, policy: policy, now: at(2)))?.first?.deliveredAttempt == 1)
     }
 
     /// "Remembered for the lifetime window": a cancel or reroute that came

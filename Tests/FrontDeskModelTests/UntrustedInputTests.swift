@@ -57,6 +57,17 @@ struct UntrustedValueTests {
         #expect(AgentReply.line("a\r\nb", max: 200) == "a b")
         #expect(AgentReply.line(String(repeating: "x", count: 200), max: 200).count == 200)
         #expect(AgentReply.line(String(repeating: "x", count: 201), max: 200) == String(repeating: "x", count: 199) + "…")
+        // One character of any number of combining marks is bounded too (4 × max bytes), and so is
+        // a line of such characters; each reads back the same.
+        let heavy = "a" + String(repeating: "\u{301}", count: 120_000)
+        for text in [heavy, "ok " + heavy, String(repeating: "e\u{301}\u{302}\u{303}", count: 300), String(repeating: "😀", count: 300)] {
+            let cut = AgentReply.line(text, max: 200)
+            #expect(cut.utf8.count <= 800 && cut.count <= 200 && cut.hasSuffix("…"), "\(cut.utf8.count) bytes, \(cut.count) characters")
+            #expect(AgentReply.line(cut, max: 200) == cut)
+        }
+        // An activity of nothing but spaces or breaks is none: the event keeps its own line.
+        let blank = #"{"dispatchId":"d-1","attempt":1,"kind":"progress","activity":"\n \t"}"#
+        #expect(try AgentReply.classify(type: nil, body: Data(blank.utf8)).get().activity == nil)
     }
 
     @Test func aReplyOverTheLimitIsReadAsAnErrorOfItsAttemptUpToAMegabyte() throws {
