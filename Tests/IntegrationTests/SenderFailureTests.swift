@@ -158,6 +158,31 @@ extension BrokerIntegration {
             }
         }
 
+        /// A reroute that arrives before its request, to a target that is
+        /// online: the dispatch is parked there (its copy is its lease from
+        /// then on, not the hand-off naming the old route) and delivered at
+        /// once; the old target's agent gets nothing.
+        @Test func aRerouteBeforeItsRequestIsDeliveredAtTheNewTargetOnly() async throws {
+            try await withHarness("sender-early-reroute") { h in
+                try await h.startRouter()
+                let sender = try await h.startSender()
+                let board = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
+                let legal = try await TestAgent(url: h.url, queue: "frontdesk.agent.acme.legal")
+                try await h.waitUntilSenderSeesAgents(sender, on: "yemaya/board-prep")
+                try await h.waitUntilSenderSeesAgents(sender, on: "acme/legal")
+                try await h.publish("dispatch.reroute", #"{"id":"er-1","project":"acme","target":"legal"}"#)
+                try await h.publish("dispatch.request", #"{"id":"er-1","input":"the agm agenda"}"#)
+                let events = try await h.events(untilEnded: "er-1")
+                let mine = events.filter { $0["dispatchId"] as? String == "er-1" }
+                #expect(states(events, "er-1").prefix(3) == ["drafted", "routing", "queued"] && mine.last?["state"] as? String == "replied")
+                #expect(mine.dropFirst(2).allSatisfy { ($0["target"] as? [String: Any])?["id"] as? String == "legal" })
+                #expect(await board.tasks.all.isEmpty)
+                #expect(await legal.tasks.all.compactMap(\.properties.correlationID) == ["er-1"])
+                await board.stop()
+                await legal.stop()
+            }
+        }
+
         /// "A cancel … that arrives before its request is remembered for the
         /// lifetime window": past it, the request is served as any other.
         @Test func aCancelOlderThanTheLifetimeWindowNoLongerAppliesToItsRequest() async throws {
