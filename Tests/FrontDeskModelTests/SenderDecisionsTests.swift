@@ -197,12 +197,14 @@ struct SenderDecisionsTests {
         let handedOff = try #require(actions(SenderDecisions.handOff(
             routedRecord(), redelivered: false, deliveryCount: 0, known: nil, held: false, pending: &pending,
             target: targets(online: true), parts: parts, policy: policy, now: at(1))))
-        #expect(handedOff.states == [.queued] && handedOff.events.first?.target?.id == "legal")
-        #expect(!handedOff.contains { $0.deliveredAttempt != nil })
-        guard case .park(let copy, _)? = handedOff.first(where: \.isPark) else {
-            Issue.record("no copy parked")
-            return
+        /// The copy the actions park, once they show `queued` at Legal and deliver nothing.
+        func parkedAtLegal(_ a: [DispatchMachine.Action]) -> ParkedDispatch? {
+            #expect(a.states == [.queued] && a.events.first?.target?.id == "legal")
+            #expect(!a.contains { $0.deliveredAttempt != nil })
+            guard case .park(let copy, _)? = a.first(where: \.isPark) else { return nil }
+            return copy
         }
+        let copy = try #require(parkedAtLegal(handedOff))
         #expect(copy.route == legal)
         // The same for a copy that surfaces at the old target with a reroute kept for it.
         let (old, known) = queuedCopy()
@@ -211,12 +213,7 @@ struct SenderDecisionsTests {
         let surfaced = try #require(actions(SenderDecisions.surfaced(
             old, .parked, deliveryCount: 0, known: known, held: false, pending: &kept,
             target: targets(online: true), parts: parts, policy: policy, now: at(3))))
-        #expect(surfaced.states == [.queued] && surfaced.events.first?.target?.id == "legal")
-        #expect(!surfaced.contains { $0.deliveredAttempt != nil })
-        guard case .park(let moved, _)? = surfaced.first(where: \.isPark) else {
-            Issue.record("no copy parked")
-            return
-        }
+        let moved = try #require(parkedAtLegal(surfaced))
         #expect(moved.route == legal && moved.lastSeq > old.lastSeq)
         // The hand-off handed back to a new leader after that copy was confirmed (its leader
         // died before the ack): the copy at the new target holds the dispatch; the lease naming
