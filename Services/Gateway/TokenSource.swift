@@ -15,9 +15,10 @@ import Glibc
 /// alone into a container keeps the inode it had: edit it in place there,
 /// or mount its directory.)
 final class TokenSource: Sendable {
-    /// What `stat` says of the file: a change of any is a new file to read.
+    /// What `stat` says of the file: a change of any is a new file to read
+    /// (the change time too: a `chmod` that makes it readable again).
     struct Stamp: Equatable, Sendable {
-        var device: UInt64, inode: UInt64, size: Int64, seconds: Int, nanoseconds: Int
+        var device: UInt64, inode: UInt64, size: Int64, seconds: Int, nanoseconds: Int, changeSeconds: Int, changeNanoseconds: Int
     }
 
     static let interval = Duration.seconds(2)
@@ -60,8 +61,11 @@ final class TokenSource: Sendable {
     func check() {
         guard let path, !stopped.load(ordering: .acquiring) else { return }
         let now = Self.stamp(of: path)
+        // A file changed within the last interval may still be being written (in place, within
+        // one tick of the clock): its stamp is not kept, so it is read once more next time.
+        let settled = now.map { Date().timeIntervalSince1970 - Double($0.seconds) > Self.interval / .seconds(1) } ?? true
         guard stamp.withLock({ s in
-            defer { s = now }
+            defer { s = settled ? now : nil }
             return s != now
         }) else { return }
         guard now != nil, let data = FileManager.default.contents(atPath: path) else {
@@ -85,6 +89,7 @@ final class TokenSource: Sendable {
         guard stat(path, &s) == 0 else { return nil }
         return Stamp(
             device: UInt64(s.st_dev), inode: UInt64(s.st_ino), size: Int64(s.st_size),
-            seconds: Int(s.st_mtim.tv_sec), nanoseconds: Int(s.st_mtim.tv_nsec))
+            seconds: Int(s.st_mtim.tv_sec), nanoseconds: Int(s.st_mtim.tv_nsec),
+            changeSeconds: Int(s.st_ctim.tv_sec), changeNanoseconds: Int(s.st_ctim.tv_nsec))
     }
 }

@@ -195,11 +195,19 @@ public enum SenderDecisions {
         guard !held, known?.accepted != true, known?.ended != true, redelivered || !publishedBefore else {
             return .drop(.duplicateHandOff)
         }
-        // Handed back after the dispatch was parked or delayed (its leader died between the
-        // copy's confirm and this ack): the copy holds it now, perhaps at another target (a
-        // kept reroute), and this lease, which names the router's route, is spent.
-        if redelivered, (known?.copySeq ?? 0) > 0 { return .drop(.superseded) }
         let came = requestCame(record, now: now)
+        // Handed back after the dispatch was parked at another target than the router's (a
+        // kept reroute; its leader died before this ack): whether that copy is in the broker
+        // is not known (its waiting record is in the log, but the copy's own confirm may have
+        // failed), so it is parked there again, above it. If the copy is there, it is dropped
+        // as superseded when it surfaces; either way nothing goes to the old target.
+        if redelivered, (known?.copySeq ?? 0) > 0, let moved = known?.waiting?.route, moved != machine.route, let p = parts(moved) {
+            if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {
+                return take(machine) { $0.cancelRequested(reason: reason, now: now) }
+            }
+            _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
+            return take(machine) { $0.received(now: now, targetOnline: false) }
+        }
         if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }

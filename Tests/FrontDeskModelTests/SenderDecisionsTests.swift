@@ -215,18 +215,21 @@ struct SenderDecisionsTests {
             target: targets(online: true), parts: parts, policy: policy, now: at(3))))
         let moved = try #require(parkedAtLegal(surfaced))
         #expect(moved.route == legal && moved.lastSeq > old.lastSeq)
-        // The hand-off handed back to a new leader after that copy was confirmed (its leader
-        // died before the ack): the copy at the new target holds the dispatch; the lease naming
-        // the old route is dropped, not delivered or parked there.
+        // The hand-off handed back to a new leader after that copy's record was written (its
+        // leader died before the ack; the copy itself may or may not be in the broker): parked
+        // at the new target again, above that copy, not delivered or parked at the old one.
         let afterPark = DispatchKnowledge(lastSeq: copy.lastSeq, copySeq: copy.lastSeq, waiting: copy)
         var none = PendingCommands()
-        let again = SenderDecisions.handOff(
+        let again = try #require(actions(SenderDecisions.handOff(
             routedRecord(), redelivered: true, deliveryCount: 1, known: afterPark, held: false, pending: &none,
-            target: targets(online: true), parts: parts, policy: policy, now: at(2))
-        #expect(dropped(again) == .superseded)
-        // One handed back before anything was published for it is taken as usual.
+            target: targets(online: true), parts: parts, policy: policy, now: at(2))))
+        let parkedAgain = try #require(parkedAtLegal(again))
+        #expect(parkedAgain.route == legal && parkedAgain.lastSeq > copy.lastSeq)
+        // Parked at the router's own target: resumed as a lease, as before (delivered, the target online).
+        let (atBoard, boardKnown) = queuedCopy()
+        #expect(atBoard.route == board)
         #expect(actions(SenderDecisions.handOff(
-            routedRecord(), redelivered: true, deliveryCount: 1, known: nil, held: false, pending: &none,
+            routedRecord(), redelivered: true, deliveryCount: 1, known: boardKnown, held: false, pending: &none,
             target: targets(online: true), parts: parts, policy: policy, now: at(2)))?.first?.deliveredAttempt == 1)
     }
 
