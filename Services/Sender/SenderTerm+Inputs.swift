@@ -148,7 +148,7 @@ extension SenderTerm {
         let outcome = SenderDecisions.handOff(
             record, redelivered: d.redelivered, deliveryCount: deliveryCount(d), known: statusLog.knowledge(record.id, term: term),
             held: held[record.id] != nil, pending: &pendingCommands, target: targets(.inbox), parts: table.eventParts,
-            policy: policy, now: now, sameRouteIsNoOp: partitions.count > 1)
+            policy: policy, now: now, sameRouteIsNoOp: partitions.count > 1, owns: { [self] in owns($0) })
         if case .take = outcome {
             statusLog.markAccepted(record.id, term: term)
             metrics.dispatches.increment("received")

@@ -184,7 +184,7 @@ public enum SenderDecisions {
         _ record: DispatchRecord, redelivered: Bool, deliveryCount: Int, known: DispatchKnowledge?, held: Bool,
         pending: inout PendingCommands, target: (RoutingTable.Route) -> TargetView,
         parts: (RoutingTable.Route) -> (project: StatusEvent.Project, target: StatusEvent.Target)?,
-        policy: RetryPolicy, now: Date, sameRouteIsNoOp: Bool = false
+        policy: RetryPolicy, now: Date, sameRouteIsNoOp: Bool = false, owns: (RoutingTable.Route) -> Bool = { _ in true }
     ) -> Outcome {
         guard var machine = DispatchMachine(record: record, policy: policy, seqFloor: seqFloor(base: 2, known: known, deliveryCount: deliveryCount))
         else { return .drop(.unreadable) }
@@ -197,15 +197,20 @@ public enum SenderDecisions {
         }
         let came = requestCame(record, now: now)
         // Handed back after the dispatch was parked at another target than the router's (a
-        // kept reroute; its leader died before this ack): whether that copy is in the broker
-        // is not known (its waiting record is in the log, but the copy's own confirm may have
-        // failed), so it is parked there again, above it. If the copy is there, it is dropped
-        // as superseded when it surfaces; either way nothing goes to the old target.
-        if redelivered, (known?.copySeq ?? 0) > 0, let moved = known?.waiting?.route, moved != machine.route, let p = parts(moved) {
+        // kept reroute; its leader died before this ack): this lease, which names the
+        // router's route, is spent. Only where that copy may be missing (its waiting record
+        // is in the log, but the copy's own confirm may have failed) and nothing was
+        // published since it, and this partition owns its target, is it parked there again,
+        // above it (a copy that is there is then dropped as superseded when it surfaces);
+        // a copy taken up since, or another partition's, holds the dispatch.
+        if redelivered, let known, known.copySeq > 0, let copy = known.waiting, copy.route != machine.route {
+            guard known.lastSeq == known.copySeq, !copy.everDelivered, copy.retryAt == nil, owns(copy.route), let p = parts(copy.route) else {
+                return .drop(.superseded)
+            }
+            _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
             if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {
                 return take(machine) { $0.cancelRequested(reason: reason, now: now) }
             }
-            _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
             return take(machine) { $0.received(now: now, targetOnline: false) }
         }
         if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {

@@ -225,6 +225,23 @@ struct SenderDecisionsTests {
             target: targets(online: true), parts: parts, policy: policy, now: at(2))))
         let parkedAgain = try #require(parkedAtLegal(again))
         #expect(parkedAgain.route == legal && parkedAgain.lastSeq > copy.lastSeq)
+        // That copy taken up since (events after it), or another partition's: it holds the
+        // dispatch; the hand-off is spent.
+        var takenUp = afterPark
+        takenUp.lastSeq = copy.lastSeq + 1
+        #expect(dropped(SenderDecisions.handOff(
+            routedRecord(), redelivered: true, deliveryCount: 1, known: takenUp, held: false, pending: &none,
+            target: targets(online: true), parts: parts, policy: policy, now: at(2))) == .superseded)
+        #expect(dropped(SenderDecisions.handOff(
+            routedRecord(), redelivered: true, deliveryCount: 1, known: afterPark, held: false, pending: &none,
+            target: targets(online: true), parts: parts, policy: policy, now: at(2), owns: { $0 != self.legal })) == .superseded)
+        // A cancel kept for it ends it where it was moved.
+        var cancel = PendingCommands()
+        cancel.add(.cancel(id: "d-1", reason: "user"), at: at(-1))
+        let cancelled = try #require(actions(SenderDecisions.handOff(
+            routedRecord(), redelivered: true, deliveryCount: 1, known: afterPark, held: false, pending: &cancel,
+            target: targets(online: true), parts: parts, policy: policy, now: at(2))))
+        #expect(cancelled.states == [.cancelled] && cancelled.events.first?.target?.id == "legal")
         // Parked at the router's own target: resumed as a lease, as before (delivered, the target online).
         let (atBoard, boardKnown) = queuedCopy()
         #expect(atBoard.route == board)
