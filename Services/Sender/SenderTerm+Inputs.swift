@@ -186,6 +186,10 @@ extension SenderTerm {
             if why == .duplicateHandOff {
                 logger.info("duplicate hand-off dropped", [("dispatch_id", .string(id))])
                 metrics.dispatches.increment("duplicate")
+            } else if why == .superseded, window == .inbox {
+                // A hand-off spent by a copy at another target (`SenderDecisions.handOff`).
+                logger.info("hand-off dropped: a copy at another target holds its dispatch", [("dispatch_id", .string(id))])
+                metrics.dispatches.increment("handoff_superseded")
             }
             if why == .duplicateHandOff || why == .ended, let end = statusLog.recentEnd(id) {
                 // Its end is in the log, but perhaps not in the surfaces'

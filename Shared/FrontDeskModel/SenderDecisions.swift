@@ -204,7 +204,7 @@ public enum SenderDecisions {
         // above it (a copy that is there is then dropped as superseded when it surfaces);
         // a copy taken up since, or another partition's, holds the dispatch.
         if redelivered, let known, known.copySeq > 0, let copy = known.waiting, copy.route != machine.route {
-            guard known.lastSeq == known.copySeq, !copy.everDelivered, copy.retryAt == nil, owns(copy.route), let p = parts(copy.route) else {
+            guard known.lastSeq <= known.copySeq, !copy.everDelivered, copy.retryAt == nil, owns(copy.route), let p = parts(copy.route) else {
                 return .drop(.superseded)
             }
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)

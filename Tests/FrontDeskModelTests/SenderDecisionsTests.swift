@@ -225,6 +225,13 @@ struct SenderDecisionsTests {
             target: targets(online: true), parts: parts, policy: policy, now: at(2))))
         let parkedAgain = try #require(parkedAtLegal(again))
         #expect(parkedAgain.route == legal && parkedAgain.lastSeq > copy.lastSeq)
+        // Its record in the log but not its queued event (a crash cut the window there): the
+        // copy may be missing too, so parked again as well.
+        var recordOnly = afterPark
+        recordOnly.lastSeq = copy.lastSeq - 1
+        #expect(actions(SenderDecisions.handOff(
+            routedRecord(), redelivered: true, deliveryCount: 1, known: recordOnly, held: false, pending: &none,
+            target: targets(online: true), parts: parts, policy: policy, now: at(2))).flatMap(parkedAtLegal)?.route == legal)
         // That copy taken up since (events after it), or another partition's: it holds the
         // dispatch; the hand-off is spent.
         var takenUp = afterPark
