@@ -63,7 +63,11 @@ final class TokenSource: Sendable {
         let now = Self.stamp(of: path)
         // A file changed within the last interval may still be being written (in place, within
         // one tick of the clock): its stamp is not kept, so it is read once more next time.
-        let settled = now.map { Date().timeIntervalSince1970 - Double($0.seconds) > Self.interval / .seconds(1) } ?? true
+        // (One dated in the future, copied with its times from a clock ahead, counts as settled.)
+        let settled = now.map { stamp in
+            let age = Date().timeIntervalSince1970 - Double(stamp.seconds)
+            return age > Self.interval / .seconds(1) || age < 0
+        } ?? true
         guard stamp.withLock({ s in
             defer { s = settled ? now : nil }
             return s != now
