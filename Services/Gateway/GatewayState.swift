@@ -202,8 +202,9 @@ final class GatewayState: Sendable {
             if list.count >= Self.maxDeferredPerID {
                 // Full: the oldest command goes, but never a cancel, which ends the
                 // dispatch whatever follows (a page that retries its registration
-                // must not push it out). A further cancel changes nothing.
-                guard let oldest = list.firstIndex(where: { $0.key != CommandKey.cancel }), key != CommandKey.cancel || !list.contains(where: { $0.key == CommandKey.cancel }) else {
+                // must not push it out). Behind a cancel, nothing more changes anything.
+                let cancelled = list.contains { $0.key == CommandKey.cancel }
+                guard !(cancelled && key == CommandKey.cancel), let oldest = list.firstIndex(where: { $0.key != CommandKey.cancel }) else {
                     return true
                 }
                 list.remove(at: oldest)

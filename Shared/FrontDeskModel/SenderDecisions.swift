@@ -196,6 +196,11 @@ public enum SenderDecisions {
             return .drop(.duplicateHandOff)
         }
         let came = requestCame(record, now: now)
+        // Moved to another target (below): parked there, also when it is online (its copy
+        // surfaces at once), as a reroute of a waiting dispatch is. Delivered straight from
+        // here, the dispatch's lease would stay this hand-off, which names the old route, and
+        // a leader after a takeover would deliver it there ("never to the old one").
+        var moved = false
         // Handed back after the dispatch was parked at another target than the router's (a
         // kept reroute; its leader died before this ack): this lease, which names the
         // router's route, is spent. Only where that copy may be missing (its waiting record
@@ -208,22 +213,16 @@ public enum SenderDecisions {
                 return .drop(.superseded)
             }
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
-            if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {
-                return take(machine) { $0.cancelRequested(reason: reason, now: now) }
-            }
-            return take(machine) { $0.received(now: now, targetOnline: false) }
+            moved = true
         }
         if let reason = pending.cancelReason(record.id, now: came, window: policy.lifetimeSeconds) {
             return take(machine) { $0.cancelRequested(reason: reason, now: now) }
         }
-        if let route = pending.takeReroute(record.id, now: came, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
+        if !moved, let route = pending.takeReroute(record.id, now: came, window: policy.lifetimeSeconds), !(sameRouteIsNoOp && route == machine.route), let p = parts(route) {
             _ = machine.rerouteRequested(project: p.project, target: p.target, now: now, targetOnline: false)
-            // Parked at the new target, also when it is online (its copy surfaces at once), as a
-            // reroute of a waiting dispatch is: delivered straight from here, the dispatch's lease
-            // would stay this hand-off, which names the old route, and a leader after a takeover
-            // would deliver it there ("never to the old one").
-            return take(machine) { $0.received(now: now, targetOnline: false) }
+            moved = true
         }
+        if moved { return take(machine) { $0.received(now: now, targetOnline: false) } }
         let takesNew = target(machine.route).takesNew
         return take(machine) { $0.received(now: now, targetOnline: takesNew) }
     }
