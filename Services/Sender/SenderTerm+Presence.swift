@@ -7,13 +7,17 @@ import ServiceKit
 /// passive declares; a target that comes online starts its park consumer, one
 /// that goes offline puts its dispatches back in `queued`.
 extension SenderTerm {
-    /// Every 300 ms: consumers on each agent queue and messages in each park queue.
+    static let presencePollInterval = Duration.milliseconds(300)
+
+    /// Every `presencePollInterval`: consumers on each agent queue and
+    /// messages in each park queue. The pause is timed by the connection's
+    /// thread, as `tick`'s is.
     static func pollPresence(channel: AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route], feed: BatchQueue<Input>) async {
         var channel = channel
         while !Task.isCancelled {
             guard let snapshot = try? await presenceSnapshot(&channel, connection, routes: routes) else { return feed.finish() }
             feed.yield(.presence(snapshot))
-            try? await Task.sleep(for: .milliseconds(300))
+            await connection.sleep(for: presencePollInterval)
         }
     }
 

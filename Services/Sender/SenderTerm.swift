@@ -355,9 +355,13 @@ final class SenderTerm {
     /// Feeds a `.tick` every `tickInterval`; and reports a publish window
     /// overdue for its confirms — from here, not from the term's loop, which
     /// may itself be waiting for that window.
+    /// Timed by the connection's thread, where this task runs: a
+    /// `Task.sleep` wakes a timer thread, which wakes the connection's
+    /// (about six context switches a tick, most of the idle sender's).
     static func tick(_ feed: BatchQueue<Input>, settler: WindowSettler, connection: AMQPConnection, logger: Logger, partition: Int) async {
         while !Task.isCancelled {
-            try? await Task.sleep(for: tickInterval)
+            await connection.sleep(for: tickInterval)
+            guard connection.isOpen, !Task.isCancelled else { return }  // closed: the sleep ends at once from now on
             feed.yield(.tick)
             if let waited = settler.overdueWindow(after: lateConfirmWarning) {
                 // Nothing after it is acked meanwhile. Its status events and
