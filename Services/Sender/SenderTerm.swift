@@ -214,7 +214,8 @@ final class SenderTerm {
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.
         var presenceChannel = try await connection.openChannel()
-        try await presenceChanged(try await Self.presenceSnapshot(&presenceChannel, connection, routes: routes), now: Date())
+        let firstPresence = try await Self.presenceSnapshot(&presenceChannel, connection, routes: routes)
+        try await presenceChanged(firstPresence, now: Date())
         try await forward(queue: SenderTopology.inbox(partition), prefetch: Self.inboxPrefetch) { .inbox($0) }
         try await forward(queue: SenderTopology.replies(partition), prefetch: passesOn ? 2000 : 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired(partition), prefetch: 100) { .expired($0) }
@@ -224,7 +225,7 @@ final class SenderTerm {
         // from the pool, each poll's declares would hop there and back (two
         // wake-ups a declare, ten declares every 300 ms with five targets).
         forwarders.append(Task(executorPreference: connection.executor) { [feed, routes, presenceChannel, connection] in
-            await SenderTerm.pollPresence(channel: presenceChannel, connection, routes: routes, feed: feed)
+            await SenderTerm.pollPresence(channel: presenceChannel, connection, routes: routes, first: firstPresence, feed: feed)
         })
         forwarders.append(Task(executorPreference: connection.executor) { [feed, settler, logger, partition, connection] in
             await SenderTerm.tick(feed, settler: settler, connection: connection, logger: logger, partition: partition)
