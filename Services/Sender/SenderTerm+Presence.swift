@@ -26,13 +26,15 @@ extension SenderTerm {
         var last = first
         var polls = 0
         while !Task.isCancelled {
-            await connection.sleep(for: presencePollInterval)
-            polls &+= 1
+            // At once first: an agent may have come since the term's own
+            // snapshot, taken before its consumers started.
             let countAll = polls % offlineParkCountEvery == 0
             guard let snapshot = try? await presenceSnapshot(&channel, connection, routes: routes, last: countAll ? nil : last)
             else { return feed.finish() }
             last = snapshot
             feed.yield(.presence(snapshot))
+            polls &+= 1
+            await connection.sleep(for: presencePollInterval)
         }
     }
 
