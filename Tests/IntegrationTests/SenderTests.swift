@@ -37,7 +37,7 @@ extension BrokerIntegration {
         @Test func offlineTargetQueuesAndDispatchesByItselfOnReconnect() async throws {
             try await withHarness("sender-offline") { h in
                 try await h.startRouter()
-                try await h.startSender()
+                let sender = try await h.startSender()
                 try await h.publish("dispatch.request", #"{"id":"q-1","input":"the agm agenda"}"#)
                 try await h.publish("dispatch.request", #"{"id":"q-2","input":"the agm minutes"}"#)
                 var events = try await h.events("both queued") { $0.filter { $0["state"] as? String == "queued" }.count >= 2 }
@@ -45,6 +45,10 @@ extension BrokerIntegration {
                 let queued = events.first { $0["dispatchId"] as? String == "q-1" && $0["state"] as? String == "queued" }
                 #expect((queued?["queue"] as? [String: Any])?["reason"] as? String == "agent_offline")
                 #expect(queued?["etaMs"] == nil && queued?["attempt"] as? Int == 1)
+                // A target without agents has its park queue counted every tenth poll (3 s).
+                try await h.waitUntil("the gauge counts both parked", within: .seconds(6)) {
+                    try await h.metrics(sender).split(separator: "\n").contains("frontdesk_sender_parked{target=\"yemaya/board-prep\"} 2")
+                }
                 let started = ContinuousClock.now
                 let agent = try await TestAgent(url: h.url, queue: "frontdesk.agent.yemaya.board-prep")
                 events = try await h.events(untilEnded: "q-1", "q-2")
