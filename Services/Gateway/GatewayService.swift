@@ -386,6 +386,10 @@ final class GatewayService: Service {
             if known == nil {
                 do {
                     try await publish(CommandKey.request, id: id, body: body)
+                } catch var error as GatewayError {
+                    if claim == .new { state.unclaim(id, by: user) }
+                    error.id = id  // the broker may have it: a retry with this id stays one dispatch
+                    throw error
                 } catch {
                     if claim == .new { state.unclaim(id, by: user) }
                     throw error

@@ -235,6 +235,28 @@ extension BrokerIntegration {
             }
         }
 
+        @Test func aRequestTheBrokerRefusedAnswers503WithTheIdToRetryWith() async throws {
+            try await withHarness("gw-refused") { h in
+                try await h.startRouter()
+                let gw = try await h.startGateway()
+                // A full queue bound to the requests' key: the broker refuses (nacks) every request.
+                try await h.channel.queueDeclare("frontdesk.test.full", arguments: ["x-max-length": .int64(0), "x-overflow": .string("reject-publish")])
+                try await h.channel.queueBind("frontdesk.test.full", exchange: "frontdesk.commands", routingKey: "dispatch.request")
+                let body = #"{"input":"the contract","project":"acme","target":"legal"}"#
+                let refused = try await gw.call("POST", "/v1/dispatches", body: body)
+                #expect(refused.status == 503)
+                #expect((refused.body["error"] as? [String: Any])?["code"] as? String == "unavailable")
+                // The id the gateway made: the broker may have the request, so a retry must use it.
+                let id = try #require(refused.body["id"] as? String)
+                try await h.channel.queueDelete("frontdesk.test.full")
+                let again = try await gw.call("POST", "/v1/dispatches", body: #"{"id":"\#(id)","input":"the contract","project":"acme","target":"legal"}"#)
+                #expect(again.status == 202 && again.body["id"] as? String == id)
+                try await waitUntil("\(id) routed", within: .seconds(10)) {
+                    (try? await gw.call("GET", "/v1/dispatches/\(id)").body["user"] as? String) == "alice"
+                }
+            }
+        }
+
         @Test func cancelAndRerouteThroughTheGatewayActWithinASecond() async throws {
             try await withHarness("gw-cancel") { h in
                 try await h.startRouter()

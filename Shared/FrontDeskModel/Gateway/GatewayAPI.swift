@@ -77,11 +77,16 @@ public struct GatewayError: Error, Equatable, Sendable {
     public var status: Int
     public var code: String
     public var message: String
+    /// The dispatch a refused `POST /v1/dispatches` was for (its `id`, made
+    /// by the gateway when the body had none): whether the broker took it is
+    /// unknown, so a retry must use it to stay one dispatch.
+    public var id: String?
 
-    public init(_ status: Int, _ code: String, _ message: String) {
+    public init(_ status: Int, _ code: String, _ message: String, id: String? = nil) {
         self.status = status
         self.code = code
         self.message = message
+        self.id = id
     }
 
     public static func unauthorized(_ why: String) -> GatewayError { .init(401, "unauthorized", why) }
@@ -94,6 +99,7 @@ public struct GatewayError: Error, Equatable, Sendable {
             json.field("code", code)
             json.field("message", message)
             json.endObject()
+            json.field("id", id)  // (none when nil)
         }
     }
 }
