@@ -386,13 +386,11 @@ final class GatewayService: Service {
             if known == nil {
                 do {
                     try await publish(CommandKey.request, id: id, body: body)
-                } catch var error as GatewayError {
-                    if claim == .new { state.unclaim(id, by: user) }
-                    error.id = id  // the broker may have it: a retry with this id stays one dispatch
-                    throw error
                 } catch {
                     if claim == .new { state.unclaim(id, by: user) }
-                    throw error
+                    guard var refused = error as? GatewayError else { throw error }
+                    refused.id = id  // the broker may have it: a retry with this id stays one dispatch
+                    throw refused
                 }
                 // Its first event may show it is another's after all (posted at another
                 // replica, or sent to the broker directly, a moment earlier): 404 as above.

@@ -176,9 +176,11 @@ final class GatewayState: Sendable {
 
     enum Claim { case refused, held, new }
 
-    /// Takes back the claim `claim` made for `user` (its request never
-    /// reached the broker): another user is not kept out for the window by
-    /// nothing. One held from an earlier request stays.
+    /// Takes back the claim `claim` made for `user` (the broker did not
+    /// confirm its request): another user is not kept out for the window by
+    /// a request that may never have arrived. Should it have arrived, the
+    /// router keeps the first of the id, whoever posts it next, and its
+    /// first event shows whose it is. One held from an earlier request stays.
     func unclaim(_ id: String, by user: String) {
         state.withLock { s in
             if s.posted[id]?.user == user { s.posted[id] = nil }

@@ -72,7 +72,8 @@ public enum GatewayEndpoint: Equatable, Sendable {
     }
 }
 
-/// An error answer: `{"error": {"code", "message"}}` with its status.
+/// An error answer: `{"error": {"code", "message"}}` with its status, and
+/// beside it the `id` of a request the broker did not take.
 public struct GatewayError: Error, Equatable, Sendable {
     public var status: Int
     public var code: String
