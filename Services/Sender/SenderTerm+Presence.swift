@@ -18,16 +18,13 @@ extension SenderTerm {
     /// Every `presencePollInterval`: consumers on each agent queue and
     /// messages in each park queue. The pause is timed by the connection's
     /// thread, as `tick`'s is.
-    static func pollPresence(
-        channel: AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route],
-        first: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], feed: BatchQueue<Input>
-    ) async {
+    static func pollPresence(channel: AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route], feed: BatchQueue<Input>) async {
         var channel = channel
-        var last = first
+        var last: PresenceSnapshot?
         var polls = 0
         while !Task.isCancelled {
-            // At once first: an agent may have come since the term's own
-            // snapshot, taken before its consumers started.
+            // At once first (counting every park queue): an agent may have come
+            // since the term's own snapshot, taken before its consumers started.
             let countAll = polls % offlineParkCountEvery == 0
             guard let snapshot = try? await presenceSnapshot(&channel, connection, routes: routes, last: countAll ? nil : last)
             else { return feed.finish() }
@@ -47,9 +44,9 @@ extension SenderTerm {
     /// without agents keeps its park count from it (no declare).
     static func presenceSnapshot(
         _ channel: inout AMQPChannel, _ connection: AMQPConnection, routes: [RoutingTable.Route],
-        last: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)]? = nil
-    ) async throws -> [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] {
-        var snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
+        last: PresenceSnapshot? = nil
+    ) async throws -> PresenceSnapshot {
+        var snapshot: PresenceSnapshot = [:]
         for r in routes {
             var agents: UInt32 = 0
             do {
@@ -92,7 +89,7 @@ extension SenderTerm {
         return try await channel.consume(queue: SenderTopology.parkQueue(route))
     }
 
-    func presenceChanged(_ snapshot: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)], now: Date) async throws {
+    func presenceChanged(_ snapshot: PresenceSnapshot, now: Date) async throws {
         let before = presence
         presence = snapshot
         for (route, now_) in snapshot {

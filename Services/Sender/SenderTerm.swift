@@ -9,6 +9,9 @@ import ServiceKit
 /// time. Any broker failure ends the term: the connection closes, the broker
 /// hands every lease (unacked message) back, and the next leader resumes.
 final class SenderTerm {
+    /// Each target's agents (its agent queue's consumers) and parked copies, as a poll saw them.
+    typealias PresenceSnapshot = [RoutingTable.Route: (consumers: UInt32, parked: UInt32)]
+
     enum Input: Sendable {
         case inbox(AMQPDelivery)
         case parked(AMQPDelivery, RoutingTable.Route)
@@ -17,7 +20,7 @@ final class SenderTerm {
         case retryDue(AMQPDelivery)
         /// Every `tickInterval`: the timers now due fire.
         case tick
-        case presence([RoutingTable.Route: (consumers: UInt32, parked: UInt32)])
+        case presence(PresenceSnapshot)
         /// A marker published for held replies was read (or given up on).
         case markerRead(String, Bool)
         /// Partition 0's leader saw a `sending` event of this dispatch (noted in the log).
@@ -137,7 +140,7 @@ final class SenderTerm {
     /// At most this many commands for dispatches not seen yet are kept (a
     /// flood of cancels for unknown ids must not grow memory without bound).
     static let maxPendingCommands = 100_000
-    var presence: [RoutingTable.Route: (consumers: UInt32, parked: UInt32)] = [:]
+    var presence: PresenceSnapshot = [:]
     /// Parks whose copies have not surfaced yet: the presence poll may not count them.
     var recentParks = RecentParks<RoutingTable.Route>()
     var parkConsumers: [RoutingTable.Route: AMQPConsumer] = [:]
@@ -214,8 +217,7 @@ final class SenderTerm {
         // Know who is online before the first hand-off: one that arrives at
         // once must go straight to an online agent, not through the park queue.
         var presenceChannel = try await connection.openChannel()
-        let firstPresence = try await Self.presenceSnapshot(&presenceChannel, connection, routes: routes)
-        try await presenceChanged(firstPresence, now: Date())
+        try await presenceChanged(try await Self.presenceSnapshot(&presenceChannel, connection, routes: routes), now: Date())
         try await forward(queue: SenderTopology.inbox(partition), prefetch: Self.inboxPrefetch) { .inbox($0) }
         try await forward(queue: SenderTopology.replies(partition), prefetch: passesOn ? 2000 : 500) { .reply($0) }
         try await forward(queue: SenderTopology.expired(partition), prefetch: 100) { .expired($0) }
@@ -225,7 +227,7 @@ final class SenderTerm {
         // from the pool, each poll's declares would hop there and back (two
         // wake-ups a declare, ten declares every 300 ms with five targets).
         forwarders.append(Task(executorPreference: connection.executor) { [feed, routes, presenceChannel, connection] in
-            await SenderTerm.pollPresence(channel: presenceChannel, connection, routes: routes, first: firstPresence, feed: feed)
+            await SenderTerm.pollPresence(channel: presenceChannel, connection, routes: routes, feed: feed)
         })
         forwarders.append(Task(executorPreference: connection.executor) { [feed, settler, logger, partition, connection] in
             await SenderTerm.tick(feed, settler: settler, connection: connection, logger: logger, partition: partition)
