@@ -97,6 +97,18 @@ def ready(port):
         return False
 
 
+def metric(port, name):
+    """The value of an unlabelled metric on a service's /metrics, or None."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[-1])
+    except OSError:
+        return None
+    return None
+
+
 def wait(what, condition, timeout=30.0, every=0.05):
     """Polls `condition()` until it is truthy; raises with `what` at the deadline."""
     deadline = time.time() + timeout

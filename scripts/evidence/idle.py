@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -40,14 +39,6 @@ def switches(pid):
         except FileNotFoundError:
             pass  # a thread that ended
     return total
-
-
-def leads(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            return any(line.startswith("frontdesk_sender_leader 1") for line in r.read().decode().splitlines())
-    except OSError:
-        return False
 
 
 def broker_pid():
@@ -81,7 +72,7 @@ def main():
             s.start()
         for s in services:
             harness.wait(f"{s.executable} ready", lambda s=s: harness.ready(s.port), timeout=60)
-        harness.wait("the sender leads", lambda: leads(sender.port), timeout=120)
+        harness.wait("the sender leads", lambda: harness.metric(sender.port, "frontdesk_sender_leader") == 1, timeout=120)
         if not args.no_agents:
             url = urllib.parse.urlparse(vhost.url.split(",")[0])
             user, password = urllib.parse.unquote(url.username), urllib.parse.unquote(url.password)

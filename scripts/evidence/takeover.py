@@ -14,23 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import pika
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-
-
-def metric(port, name):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[-1])
-    except OSError:
-        return None
-    return None
 
 
 def main():
@@ -45,7 +33,7 @@ def main():
     try:
         router.start()
         leader.start()
-        while metric(9602, "frontdesk_sender_leader") != 1:
+        while harness.metric(9602, "frontdesk_sender_leader") != 1:
             time.sleep(0.1)
         standby.start()
         while not harness.ready(9603):  # connected, its topology declared: a standby reading the log
