@@ -102,11 +102,17 @@ extension TestGateway {
 }
 
 extension RouterHarness {
+    /// Starts a gateway; an attempt that exits before it is ready (its API
+    /// port taken, say) is followed by one on another API port.
     func startGateway(extraEnvironment: [String: String] = [:]) async throws -> TestGateway {
-        let port = TestPorts.next()
-        var env = ["FRONTDESK_GATEWAY_PORT": "\(port)", "FRONTDESK_GATEWAY_TOKENS": try TestGateway.tokensFile()]
-        for (k, v) in extraEnvironment { env[k] = v }
-        let p = try await start("frontdesk-gateway", extraEnvironment: env)
+        let tokens = try TestGateway.tokensFile()
+        var port = 0
+        let p = try await startRetrying("frontdesk-gateway") {
+            port = TestPorts.next()
+            var env = ["FRONTDESK_GATEWAY_PORT": "\(port)", "FRONTDESK_GATEWAY_TOKENS": tokens]
+            for (k, v) in extraEnvironment { env[k] = v }
+            return env
+        }
         return TestGateway(process: p, port: port)
     }
 }

@@ -266,8 +266,17 @@ final class RouterHarness: @unchecked Sendable {
         // A random probe port may be taken (a broker's distribution port is in
         // the range): a process that exits before it is ready is started
         // again on another port, and its exit is said.
+        try await startRetrying(executable, waitUntilReady: waitUntilReady) { extraEnvironment }
+    }
+
+    /// Starts `executable` with the environment `environment` gives for this
+    /// attempt (a port of its own, say), up to three times while it exits
+    /// before it is ready.
+    func startRetrying(
+        _ executable: String, waitUntilReady: Bool = true, environment: () -> [String: String]
+    ) async throws -> Process {
         for attempt in 1...3 {
-            let (p, exited) = try await startOnce(executable, extraEnvironment: extraEnvironment, waitUntilReady: waitUntilReady)
+            let (p, exited) = try await startOnce(executable, extraEnvironment: environment(), waitUntilReady: waitUntilReady)
             guard exited else { return p }
             FileHandle.standardError.write(Data(
                 "harness: \(executable) exited with status \(p.terminationStatus) before it was ready (attempt \(attempt))\n".utf8))
@@ -399,6 +408,9 @@ func withHarness(_ name: String, _ body: (RouterHarness) async throws -> Void) a
 /// (32768 and up, where outgoing connections take theirs), and never the same
 /// twice in one test run. (Two services of one test once drew the same port:
 /// the second could not serve its probes, and the first's answered for it.)
+/// A port some other process listens on now (a leftover broker node's
+/// distribution port, say) is passed over; one taken between this check and
+/// the service's bind is why `startRetrying` draws again.
 enum TestPorts {
     private static let given = Mutex<Set<Int>>([])
 
@@ -406,7 +418,25 @@ enum TestPorts {
         given.withLock { given in
             while true {
                 let port = 20000 + Int.random(in: 0..<12000)
-                if given.insert(port).inserted { return port }
+                if given.insert(port).inserted, isFree(port) { return port }
+            }
+        }
+    }
+
+    /// Whether a listening socket could be bound on every address at `port`.
+    static func isFree(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return true }
+        defer { close(fd) }
+        var one: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = INADDR_ANY
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
             }
         }
     }
