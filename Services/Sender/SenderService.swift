@@ -47,6 +47,8 @@ final class SenderService: Service {
         var holdUntil: [Int: Date] = [:]
         /// Since when no other replica's heartbeat claims each partition.
         var unclaimedSince: [Int: Date] = [:]
+        /// The fewest partitions another replica leads, by its heartbeat (nil: no other).
+        var fewestElsewhere: Int?
         /// When the replica count last changed.
         var countChangedAt = Date()
         /// Slots trying for their partition now, and whether beyond the share.
@@ -211,11 +213,12 @@ final class SenderService: Service {
     /// The replica count and the other replicas' partitions, from the heartbeats read.
     @discardableResult
     private func noteHeartbeats(_ log: StatusLog) -> Int {
-        let (count, claimed) = log.replicas(within: Self.heartbeatWindow, me: replicaID)
+        let (count, claimed, fewest) = log.replicas(within: Self.heartbeatWindow, me: replicaID)
         let now = Date()
         state.withLock { s in
             if s.replicas != max(1, count) { s.countChangedAt = now }
             s.replicas = max(1, count)
+            s.fewestElsewhere = fewest
             for k in partitions.all {
                 if claimed.contains(k) {
                     s.unclaimedSince[k] = nil
@@ -263,13 +266,14 @@ final class SenderService: Service {
         }
     }
 
-    /// Gives up partitions while this replica leads more than its share; true if it gave any up.
+    /// Gives up partitions while this replica leads more than its share, or more
+    /// than ⌊P / N⌋ while another leads fewer (`PartitionBalance.release`); true if it gave any up.
     private func rebalance(replicas: Int) async -> Bool {
         let now = Date()
         let release = state.withLock { s -> [(Int, AMQPConnection?)] in
             // Settled: nothing changed here, and the replica count held, for a while.
             let give = balance.release(
-                led: s.led, replicas: s.replicas,
+                led: s.led, replicas: s.replicas, fewestElsewhere: s.fewestElsewhere,
                 sinceLastChange: min(now.timeIntervalSince(s.lastChange), now.timeIntervalSince(s.countChangedAt)),
                 sinceOverTake: now.timeIntervalSince(s.lastOverTake))
             for k in give { s.holdUntil[k] = now.addingTimeInterval(Self.releaseHold) }
@@ -359,7 +363,8 @@ final class SenderService: Service {
                     guard s.holdUntil[k].map({ now >= $0 }) ?? true,
                         balance.mayTry(
                             led: busy, replicas: s.replicas, unclaimedFor: s.unclaimedSince[k].map { now.timeIntervalSince($0) },
-                            sinceOwnChange: s.trying.isEmpty ? now.timeIntervalSince(s.lastChange) : 0)
+                            sinceOwnChange: s.trying.isEmpty ? now.timeIntervalSince(s.lastChange) : 0,
+                            fewestElsewhere: s.fewestElsewhere)
                     else { return false }
                     s.trying[k] = busy >= balance.share(replicas: s.replicas)
                     return true

@@ -377,14 +377,20 @@ final class StatusLog: Sendable {
     }
 
     /// The replicas whose heartbeat was read within the last `seconds` (older
-    /// ones are forgotten), and the partitions those other than `me` lead.
-    func replicas(within seconds: Double, me: String) -> (count: Int, claimed: Set<Int>) {
+    /// ones are forgotten), the partitions those other than `me` lead, and
+    /// the fewest one of those others leads (nil: no other).
+    func replicas(within seconds: Double, me: String) -> (count: Int, claimed: Set<Int>, fewestElsewhere: Int?) {
         let horizon = Date().timeIntervalSince1970 - seconds
         return state.withLock { s in
             s.heartbeats = s.heartbeats.filter { $0.value.at >= horizon }
             var claimed = Set<Int>()
-            for (replica, beat) in s.heartbeats where replica != me { claimed.formUnion(beat.led) }
-            return (s.heartbeats.count, claimed)
+            var fewest: Int?
+            for (replica, beat) in s.heartbeats where replica != me {
+                claimed.formUnion(beat.led)
+                let n = Set(beat.led).count
+                fewest = min(fewest ?? n, n)
+            }
+            return (s.heartbeats.count, claimed, fewest)
         }
     }
 

@@ -79,18 +79,40 @@ public struct PartitionBalance: Sendable, Equatable {
     /// once that partition, and the replica itself (`sinceOwnChange`: since
     /// it last took or gave up one; 0 while another of its slots tries), have
     /// been still for `overShareWait`: replicas that start together each take
-    /// their share first.
-    public func mayTry(led: Int, replicas: Int, unclaimedFor: TimeInterval?, sinceOwnChange: TimeInterval = .infinity) -> Bool {
+    /// their share first. The same wait holds one at or above ⌊P / N⌋ while
+    /// another leads fewer (`fewestElsewhere`): a partition given up for that
+    /// one goes to it, not back to a replica that has its floor.
+    public func mayTry(
+        led: Int, replicas: Int, unclaimedFor: TimeInterval?, sinceOwnChange: TimeInterval = .infinity, fewestElsewhere: Int? = nil
+    ) -> Bool {
         guard let unclaimedFor else { return false }
-        return led < share(replicas: replicas) || min(unclaimedFor, sinceOwnChange) >= Self.overShareWait
+        let floor = floorShare(replicas: replicas)
+        let anotherIsShort = fewestElsewhere.map { $0 < floor } ?? false
+        let atOnce = led < share(replicas: replicas) && !(anotherIsShort && led >= floor)
+        return atOnce || min(unclaimedFor, sinceOwnChange) >= Self.overShareWait
     }
 
-    /// The partitions a replica should give up now: the highest it leads
-    /// beyond its share, when it leads more than its share, has not changed
-    /// for `settle`, and has not taken one beyond its share lately.
-    public func release(led: Set<Int>, replicas: Int, sinceLastChange: TimeInterval, sinceOverTake: TimeInterval) -> [Int] {
+    /// The fewest partitions one of `replicas` replicas should lead: ⌊P / N⌋.
+    public func floorShare(replicas: Int) -> Int {
+        partitions.count / max(1, replicas)
+    }
+
+    /// The partitions a replica should give up now, once it has not changed
+    /// for `settle` and has not taken one beyond its share lately: the
+    /// highest it leads beyond its share; or, while another replica leads
+    /// fewer than ⌊P / N⌋ (`fewestElsewhere`, from the heartbeats) and this
+    /// one more, its highest one. (The share alone left 4 partitions on 3
+    /// replicas as 2, 2 and 0 for good: nobody was above ⌈4 / 3⌉ = 2, and the
+    /// third had nothing unclaimed to try.) A replica giving one up this way
+    /// keeps at least ⌊P / N⌋, so none gives one back to it: no round trips.
+    public func release(
+        led: Set<Int>, replicas: Int, fewestElsewhere: Int? = nil, sinceLastChange: TimeInterval, sinceOverTake: TimeInterval
+    ) -> [Int] {
+        guard sinceLastChange >= Self.settle, sinceOverTake >= Self.keepAfterOverTake else { return [] }
         let share = share(replicas: replicas)
-        guard led.count > share, sinceLastChange >= Self.settle, sinceOverTake >= Self.keepAfterOverTake else { return [] }
-        return Array(led.sorted().suffix(led.count - share))
+        if led.count > share { return Array(led.sorted().suffix(led.count - share)) }
+        let floor = floorShare(replicas: replicas)
+        if let fewest = fewestElsewhere, fewest < floor, led.count > floor { return Array(led.sorted().suffix(1)) }
+        return []
     }
 }

@@ -49,6 +49,29 @@ struct SenderPartitionsTests {
         #expect(b.release(led: all, replicas: 2, sinceLastChange: 60, sinceOverTake: 5) == [])
     }
 
+    /// Four partitions on three replicas led 2, 2 and 0: nobody is above
+    /// ⌈4 / 3⌉ = 2, and the third has nothing unclaimed to try. A leader above
+    /// ⌊4 / 3⌋ = 1 gives its highest up while another leads fewer than 1.
+    @Test func aReplicaLeadingNothingWhileOthersLeadMoreThanTheFloorGetsOne() {
+        let b = PartitionBalance(partitions: SenderPartitions(count: 4))
+        #expect(b.floorShare(replicas: 3) == 1 && b.floorShare(replicas: 0) == 4 && b.floorShare(replicas: 9) == 0)
+        #expect(b.release(led: [1, 3], replicas: 3, fewestElsewhere: 0, sinceLastChange: 3, sinceOverTake: 600) == [3])
+        // Not before it settled, nor soon after it took one beyond its share.
+        #expect(b.release(led: [1, 3], replicas: 3, fewestElsewhere: 0, sinceLastChange: 1, sinceOverTake: 600) == [])
+        #expect(b.release(led: [1, 3], replicas: 3, fewestElsewhere: 0, sinceLastChange: 60, sinceOverTake: 5) == [])
+        // The others lead at least the floor, or nobody else is known: it keeps them.
+        #expect(b.release(led: [1, 3], replicas: 3, fewestElsewhere: 1, sinceLastChange: 60, sinceOverTake: 600) == [])
+        #expect(b.release(led: [1, 3], replicas: 3, sinceLastChange: 60, sinceOverTake: 600) == [])
+        // At the floor itself it keeps its one: giving it up would only move the gap.
+        #expect(b.release(led: [2], replicas: 3, fewestElsewhere: 0, sinceLastChange: 60, sinceOverTake: 600) == [])
+        // Seven on three, led 3, 3, 1: the floor is 2, so the one at 3 gives one up.
+        let seven = PartitionBalance(partitions: SenderPartitions(count: 7))
+        #expect(seven.release(led: [0, 1, 2], replicas: 3, fewestElsewhere: 1, sinceLastChange: 3, sinceOverTake: 600) == [2])
+        // One partition: a standby (0) is at the floor of two replicas (0).
+        let one = PartitionBalance(partitions: .one)
+        #expect(one.release(led: [0], replicas: 2, fewestElsewhere: 0, sinceLastChange: 60, sinceOverTake: 600) == [])
+    }
+
     @Test func aPartitionAnotherClaimsIsNotTriedOneUnclaimedFirstByAReplicaBelowItsShare() {
         let b = PartitionBalance(partitions: SenderPartitions(count: 4))
         #expect(!b.mayTry(led: 0, replicas: 2, unclaimedFor: nil))
@@ -58,11 +81,18 @@ struct SenderPartitionsTests {
         // Beyond its share, not while it has just taken one (or another slot of it tries).
         #expect(!b.mayTry(led: 2, replicas: 2, unclaimedFor: 5, sinceOwnChange: 0))
         #expect(b.mayTry(led: 2, replicas: 2, unclaimedFor: 5, sinceOwnChange: PartitionBalance.overShareWait))
+        // Three replicas, one leading nothing: one at the floor (1) waits and
+        // leaves a partition given up to the one below it; that one tries at once.
+        #expect(!b.mayTry(led: 1, replicas: 3, unclaimedFor: 0, fewestElsewhere: 0))
+        #expect(b.mayTry(led: 1, replicas: 3, unclaimedFor: PartitionBalance.overShareWait, fewestElsewhere: 0))
+        #expect(b.mayTry(led: 0, replicas: 3, unclaimedFor: 0, fewestElsewhere: 1))
+        #expect(b.mayTry(led: 1, replicas: 3, unclaimedFor: 0, fewestElsewhere: 1))
     }
 
-    /// Four replicas, joining one by one, each deciding on its own: the
-    /// partitions end up one each, and none is ever without a leader for
-    /// longer than a try of a replica below its share.
+    /// Four replicas, joining one by one, each deciding on its own: every
+    /// replica leads one or two while there are three, one each with four,
+    /// and none is ever without a leader for longer than a try of a replica
+    /// below its share.
     @Test func replicasJoiningOneByOneEndUpWithOnePartitionEach() {
         let b = PartitionBalance(partitions: SenderPartitions(count: 4))
         var led: [Set<Int>] = [[0, 1, 2, 3]]
@@ -75,8 +105,12 @@ struct SenderPartitionsTests {
             for _ in 0..<60 {
                 t += 1
                 let n = led.count
+                let counts = led.map(\.count)
                 for r in led.indices {
-                    let give = b.release(led: led[r], replicas: n, sinceLastChange: t - lastChange[r], sinceOverTake: 600)
+                    let others = counts.indices.filter { $0 != r }.map { counts[$0] }
+                    let give = b.release(
+                        led: led[r], replicas: n, fewestElsewhere: others.min(),
+                        sinceLastChange: t - lastChange[r], sinceOverTake: 600)
                     if !give.isEmpty {
                         led[r].subtract(give)
                         lastChange[r] = t
@@ -84,13 +118,17 @@ struct SenderPartitionsTests {
                 }
                 let free = Set(0..<4).subtracting(led.reduce(into: Set<Int>()) { $0.formUnion($1) })
                 for k in free.sorted() {
-                    if let r = led.indices.first(where: { b.mayTry(led: led[$0].count, replicas: n, unclaimedFor: 0) }) {
+                    let fewest = { (r: Int) in led.indices.filter { $0 != r }.map { led[$0].count }.min() }
+                    if let r = led.indices.first(where: {
+                        b.mayTry(led: led[$0].count, replicas: n, unclaimedFor: 0, fewestElsewhere: fewest($0))
+                    }) {
                         led[r].insert(k)
                         lastChange[r] = t
                     }
                 }
                 #expect(led.reduce(0) { $0 + $1.count } == 4)  // each partition led once
             }
+            if led.count == 3 { #expect(led.map(\.count).sorted() == [1, 1, 2], "three replicas: \(led)") }
         }
         #expect(led.map(\.count) == [1, 1, 1, 1])
     }

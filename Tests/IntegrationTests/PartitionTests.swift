@@ -94,10 +94,11 @@ extension BrokerIntegration {
                 kill(victim.processIdentifier, SIGKILL)
                 replicas.removeAll { $0 === victim }
                 try await send(30)
-                try await h.waitUntil("the three replicas lead all four partitions") {
-                    var total = 0
-                    for p in replicas { total += try await led(h, p) }
-                    return total == 4
+                // All four led, none of the three idle (the share alone, ⌈4 / 3⌉ = 2, left them at 2, 2, 0 once).
+                try await h.waitUntil("the three replicas lead 1, 1 and 2 partitions", within: .seconds(40)) {
+                    var counts: [Int] = []
+                    for p in replicas { counts.append(try await led(h, p)) }
+                    return counts.sorted() == [1, 1, 2]
                 }
 
                 let events = try await h.events("all \(ids.count) dispatches ended", within: .seconds(60)) { events in
@@ -115,6 +116,24 @@ extension BrokerIntegration {
                 }
                 await board.stop()
                 await legal.stop()
+            }
+        }
+
+        /// Two replicas leading two partitions each, then a third: nobody is
+        /// above its share (⌈4 / 3⌉ = 2) and nothing is unclaimed, so the
+        /// third stayed idle for good. Now a leader gives one up to it.
+        @Test func aThirdReplicaJoiningTwoAtTheirShareGetsAPartition() async throws {
+            try await withHarness("partitions-third") { h in
+                try await h.startRouter(extraEnvironment: Self.partitions)
+                var replicas = [try await h.startSender(extraEnvironment: Self.partitions)]
+                replicas.append(try await h.startSender(extraEnvironment: Self.partitions))
+                try await waitUntilLed(h, replicas, [2, 2])
+                replicas.append(try await h.startSender(extraEnvironment: Self.partitions))
+                try await h.waitUntil("the three replicas lead 1, 1 and 2 partitions", within: .seconds(40)) {
+                    var counts: [Int] = []
+                    for p in replicas { counts.append(try await led(h, p)) }
+                    return counts.sorted() == [1, 1, 2]
+                }
             }
         }
 
