@@ -13,14 +13,23 @@ public protocol Service: Sendable {
 }
 
 /// Runs services together and turns SIGTERM / SIGINT into a graceful
-/// shutdown: each service's `shutdown()`, last started first; after
-/// `gracePeriod`, the tasks are cancelled.
+/// shutdown: each service's `shutdown()`, last started first; once
+/// `gracePeriod` has passed since the shutdown began, the tasks are
+/// cancelled; and should they still run `exitDeadline` after that (a task
+/// waiting on something that never comes), the process logs so and exits
+/// with status 1 rather than never stopping.
 public enum ServiceLifecycle {
     /// Returns the process exit status: 0 after a clean stop, 1 when a
-    /// service failed.
-    public static func run(_ services: [any Service], logger: Logger, gracePeriod: Duration = .seconds(20)) async -> Int32 {
+    /// service failed. `hardStop` is what ends a process whose services
+    /// outlived the grace period and the deadline (`exit(1)`).
+    public static func run(
+        _ services: [any Service], logger: Logger, gracePeriod: Duration = .seconds(20),
+        exitDeadline: Duration = .seconds(5), hardStop: @escaping @Sendable () -> Void = { exit(1) }
+    ) async -> Int32 {
         let signals = SignalStream([SIGTERM, SIGINT])
         defer { signals.cancel() }
+        let finished = Finished()
+        defer { finished.set() }
         return await withTaskGroup(of: ServiceOutcome.self) { group in
             for (index, service) in services.enumerated() {
                 group.addTask {
@@ -43,6 +52,10 @@ public enum ServiceLifecycle {
             var shuttingDown = false
             while running > 0, let outcome = await group.next() {
                 switch outcome {
+                case .signal(Self.graceOver):
+                    logger.warning("grace period over: cancelling")
+                    group.cancelAll()
+                    continue
                 case .signal(let number):
                     guard number != 0, !shuttingDown else { continue }
                     logger.info("stopping", [("signal", .int(Int(number)))])
@@ -55,22 +68,41 @@ public enum ServiceLifecycle {
                 }
                 if !shuttingDown, running > 0 {
                     shuttingDown = true
-                    // Stop the others, last started first, within the grace period.
-                    group.addTask {
+                    // Stop the others, last started first. Not a child of the
+                    // group: a shutdown() that never returns must neither hold
+                    // back the grace period nor keep this function from returning.
+                    Task {
                         for service in services.reversed() { await service.shutdown() }
-                        try? await Task.sleep(for: gracePeriod)
-                        return .signal(-1)
                     }
-                }
-                if case .signal(-1) = outcome {
-                    logger.warning("grace period over: cancelling")
-                    group.cancelAll()
+                    group.addTask {
+                        try? await Task.sleep(for: gracePeriod)
+                        return .signal(Self.graceOver)
+                    }
+                    let deadline = DispatchTime.now() + .nanoseconds(Int((gracePeriod + exitDeadline) / .nanoseconds(1)))
+                    DispatchQueue.global().asyncAfter(deadline: deadline) {
+                        guard !finished.isSet else { return }
+                        logger.error("still running after the grace period and the cancellation; exiting", [
+                            ("grace_ms", .int(Int(gracePeriod / .milliseconds(1)))),
+                            ("deadline_ms", .int(Int(exitDeadline / .milliseconds(1)))),
+                        ])
+                        hardStop()
+                    }
                 }
             }
             signals.cancel()
             group.cancelAll()
             return status
         }
+    }
+
+    /// The grace timer's outcome, told apart from a signal's number.
+    private static let graceOver: Int32 = -1
+
+    /// Set once `run` returns: the hard stop then does nothing.
+    private final class Finished: Sendable {
+        private let value = Atomic<Bool>(false)
+        func set() { value.store(true, ordering: .releasing) }
+        var isSet: Bool { value.load(ordering: .acquiring) }
     }
 
     private enum ServiceOutcome: Sendable {
