@@ -82,6 +82,25 @@ final class SenderService: Service {
         }
     }
 
+    /// What each loop of the replica does now and since when (`whereItWaits`).
+    private let waits = Mutex<[String: (what: String, since: ContinuousClock.Instant)]>([:])
+
+    private func at(_ loop: String, _ what: String) {
+        let now = ContinuousClock.now
+        waits.withLock { $0[loop] = (what, now) }
+    }
+
+    private static func slot(_ k: Int) -> String { "partition \(k)" }
+
+    var whereItWaits: [(String, LogValue)] {
+        let now = ContinuousClock.now
+        return waits.withLock { w in
+            w.sorted { $0.key < $1.key }.map { loop, at in
+                ("waits.\(loop)", .string("\(at.what) for \(Int((now - at.since) / .milliseconds(1))) ms"))
+            }
+        }
+    }
+
     /// How long a replica counts heartbeats before it tries for partitions.
     static let countSettle = Duration.seconds(2)
 
@@ -123,6 +142,7 @@ final class SenderService: Service {
         var next = 0
         while !stopping {
             do {
+                at("control", "session")
                 try await controlSession(configuration.amqp.to(nodes[next % nodes.count]), shared)
                 failures = 0
             } catch {
@@ -136,12 +156,14 @@ final class SenderService: Service {
                 s.ready = false
             }
             if !stopping, failures > 0, failures % nodes.count == 0 {
+                at("control", "back-off")
                 try? await Task.sleep(for: .milliseconds(backoff.delayMs(afterAttempt: max(1, failures / nodes.count))))
             }
         }
     }
 
     private func controlSession(_ amqp: AMQPConnectionConfiguration, _ shared: SharedStatusLog) async throws {
+        at("control", "connecting")
         let connection = try await AMQPConnection.connect(amqp)
         let proceed = state.withLock { s -> Bool in
             s.connections[Self.control] = connection
@@ -149,9 +171,11 @@ final class SenderService: Service {
         }
         defer { Task { await connection.close() } }
         guard proceed else { return }
+        at("control", "declaring the topology")
         try await declareTopology(on: connection)
         let probes = try await connection.openChannel()
         try await probes.confirmSelect()
+        at("control", "reading the log to its end")
         let reader = try await StatusLogReader.start(
             connection, login: configuration.login, lifetimeSeconds: configuration.lifetimeSeconds, into: shared.log)
         try await reader.probe(publisher: probes)  // read to the log's end: warm
@@ -171,11 +195,14 @@ final class SenderService: Service {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 while !self.stopping {
+                    self.at("heartbeats", "publishing")
                     try await self.heartbeat(probes)
+                    self.at("heartbeats", "pausing")
                     try await Task.sleep(for: Self.heartbeatInterval)
                     guard connection.isOpen, !reader.hasEnded else {
                         throw AMQPError(.consumerCancelled, "the control connection or its status log reader ended")
                     }
+                    self.at("heartbeats", "rebalancing")
                     if await self.rebalance(replicas: self.noteHeartbeats(shared.log)) {
                         try await self.heartbeat(probes)  // at once: the others see the partition free
                     }
@@ -185,12 +212,16 @@ final class SenderService: Service {
                 let probeChannel = try await connection.openChannel()
                 try await probeChannel.confirmSelect()
                 while !self.stopping {
+                    self.at("log probe", "pausing")
                     try await Task.sleep(for: StatusLogReader.probeInterval)
+                    self.at("log probe", "reading to a marker")
                     try await reader.probe(publisher: probeChannel)
                 }
             }
+            at("control", "heartbeats and log probe")
             _ = try await group.next()
             group.cancelAll()
+            at("control", "ending the session's tasks")
         }
     }
 
@@ -242,6 +273,7 @@ final class SenderService: Service {
         while !stopping, !Task.isCancelled {
             let began = ContinuousClock.now
             do {
+                at(Self.slot(k), "term")
                 try await term(configuration.amqp.to(nodes[next % nodes.count]), partition: k, shared: shared)
                 failures = ContinuousClock.now - began < Self.shortTerm && !stopping ? failures + 1 : 0
                 next += 1
@@ -261,6 +293,7 @@ final class SenderService: Service {
             }
             let roundFailed = failures > 0 && failures % nodes.count == 0
             if !stopping, nodes.count == 1 || roundFailed {
+                at(Self.slot(k), "back-off")
                 try? await Task.sleep(for: .milliseconds(backoff.delayMs(afterAttempt: max(1, failures / nodes.count))))
             }
         }
@@ -294,6 +327,7 @@ final class SenderService: Service {
     static let releaseHold: TimeInterval = 3
 
     private func term(_ amqp: AMQPConnectionConfiguration, partition k: Int, shared: SharedStatusLog?) async throws {
+        at(Self.slot(k), "connecting")
         let connection = try await AMQPConnection.connect(amqp)
         let proceed = state.withLock { s -> Bool in
             s.connections[k] = connection
@@ -341,6 +375,7 @@ final class SenderService: Service {
         // with that node gone for good no standby would ever lead.
         var leadership: AMQPConsumer?
         while leadership == nil {
+            at(Self.slot(k), "standing by")
             if stopping || !connection.isOpen || Task.isCancelled { return }
             if let probes, let logReader, ContinuousClock.now - lastProbe >= StatusLogReader.probeInterval {
                 try await logReader.probe(publisher: probes)
@@ -378,6 +413,7 @@ final class SenderService: Service {
             // can throw too), is no longer counted: a stale one would count as
             // a partition led, and the replica would never try again.
             defer { if shared != nil, leadership == nil { _ = state.withLock { $0.trying.removeValue(forKey: k) } } }
+            at(Self.slot(k), "trying for the lock")
             let channel = try await connection.openChannel()
             var heldElsewhere = false
             do {
@@ -417,6 +453,7 @@ final class SenderService: Service {
         let takingOver = ContinuousClock.now
         let publisher = try await connection.openChannel()
         try await publisher.confirmSelect()
+        at(Self.slot(k), "taking over")
         let replayed = try await replayCommands(connection, publisher)
         state.withLock { $0.blocked = false }  // its marker was published and confirmed
         guard let logReader else { return }
@@ -436,6 +473,7 @@ final class SenderService: Service {
         ])
         // The term's loop runs on its connection's thread: an input or a
         // confirm resumes it there, with no thread of the pool to wake.
+        at(Self.slot(k), "leading")
         try await withTaskExecutorPreference(connection.executor) {
             try await term.run(replayedCommands: replayed)
         }

@@ -10,6 +10,13 @@ public protocol Service: Sendable {
     /// Asks `run()` to stop taking new work, finish or hand back what is in
     /// flight, and return.
     func shutdown() async
+    /// What the service's loops are doing now and since when, logged when
+    /// the grace period is over: where a stop that does not come waits.
+    var whereItWaits: [(String, LogValue)] { get }
+}
+
+extension Service {
+    public var whereItWaits: [(String, LogValue)] { [] }
 }
 
 /// Runs services together and turns SIGTERM / SIGINT into a graceful
@@ -53,7 +60,7 @@ public enum ServiceLifecycle {
             while running > 0, let outcome = await group.next() {
                 switch outcome {
                 case .signal(Self.graceOver):
-                    logger.warning("grace period over: cancelling")
+                    logger.warning("grace period over: cancelling", services.flatMap(\.whereItWaits))
                     group.cancelAll()
                     continue
                 case .signal(let number):
@@ -84,7 +91,7 @@ public enum ServiceLifecycle {
                         logger.error("still running after the grace period and the cancellation; exiting", [
                             ("grace_ms", .int(Int(gracePeriod / .milliseconds(1)))),
                             ("deadline_ms", .int(Int(exitDeadline / .milliseconds(1)))),
-                        ])
+                        ] + services.flatMap(\.whereItWaits))
                         hardStop()
                     }
                 }

@@ -70,7 +70,9 @@ class Service:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
-                return self.process.wait(timeout=20)
+                # Past the services' 20 s grace and 5 s last deadline, so that a
+                # stop that hangs leaves its "grace period over" line in the log.
+                return self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 return None
