@@ -47,6 +47,7 @@ struct ServiceLifecycleTests {
             }
         }
         func shutdown() async { await gate.wait() }
+        var whereItWaits: [(String, LogValue)] { [("waits.run", "the gate")] }
     }
 
     let sink = LogSink.memory()
@@ -77,8 +78,11 @@ struct ServiceLifecycleTests {
         await stopped.wait()
         let took = ContinuousClock.now - began
         #expect(took >= .milliseconds(400) && took < .seconds(5), "took \(took)")
-        #expect(sink.lines.contains { $0.contains("grace period over") })
-        #expect(sink.lines.contains { $0.contains("exiting") && $0.contains("\"level\":\"error\"") })
+        // Both lines say where the service waits.
+        #expect(sink.lines.contains { $0.contains("grace period over") && $0.contains(#""waits.run":"the gate""#) })
+        #expect(sink.lines.contains {
+            $0.contains("exiting") && $0.contains("\"level\":\"error\"") && $0.contains(#""waits.run":"the gate""#)
+        })
         // (In a service the hard stop exits the process; here the test lets the service go.)
         gate.open()
         _ = await run.value
