@@ -299,6 +299,14 @@ struct APNsTests {
         let long = String(repeating: "é", count: 5000)
         let (outcome, cut) = APNs.outcome(status: 400, body: try! JSONSerialization.data(withJSONObject: ["reason": long]))
         #expect(outcome == .rejected && cut.map { $0.utf8.count <= APNs.maxReasonBytes && long.hasPrefix($0) } == true)
+        // A cut through a scalar backs off to the scalar's start (no U+FFFD, within the limit).
+        for lead in ["a", "ab", "abc"] {
+            let odd = lead + String(repeating: "€", count: 3000)  // 3 bytes each
+            let oddCut = APNs.outcome(status: 400, body: try! JSONSerialization.data(withJSONObject: ["reason": odd])).1 ?? ""
+            #expect(oddCut.utf8.count <= APNs.maxReasonBytes && oddCut.utf8.count > APNs.maxReasonBytes - 3 && odd.hasPrefix(oddCut))
+            #expect(!oddCut.unicodeScalars.contains("\u{FFFD}"))
+        }
+        #expect(APNs.wholeScalars("😀😀", upTo: 5) == "😀" && APNs.wholeScalars("😀", upTo: 3) == "" && APNs.wholeScalars("ab", upTo: 5) == "ab")
         #expect(APNs.reasonLabel("BadDeviceToken") == "BadDeviceToken")
         #expect(APNs.reasonLabel(cut) == "other" && APNs.reasonLabel("x\(UUID())") == "other" && APNs.reasonLabel(nil) == "unknown")
         #expect(APNs.outcome(status: 403, body: nil).0 == .rejected)

@@ -95,6 +95,17 @@ public enum APNs {
     /// The most of APNs' reason a log line shows.
     public static let maxReasonBytes = 200
 
+    /// The longest start of `text` of at most `bytes` UTF-8 bytes that ends
+    /// on a whole character's scalar (a cut through a scalar would end in U+FFFD).
+    public static func wholeScalars(_ text: String, upTo bytes: Int) -> String {
+        let utf8 = text.utf8
+        guard utf8.count > bytes else { return text }
+        var end = utf8.index(utf8.startIndex, offsetBy: max(0, bytes))
+        // Back off the continuation bytes (10xxxxxx) of a scalar the cut goes through.
+        while end > utf8.startIndex, utf8[end] & 0xC0 == 0x80 { end = utf8.index(before: end) }
+        return String(utf8[..<end]) ?? ""
+    }
+
     /// APNs' answer: the outcome for the scheduler, and the reason it gave
     /// (at most `maxReasonBytes` of it, for the logs).
     /// `tokenAge`: how old the provider token the push carried was;
@@ -104,7 +115,7 @@ public enum APNs {
         -> (PushScheduler.Outcome, String?)
     {
         let reason = (body.flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }?["reason"] as? String)
-            .map { $0.utf8.count > maxReasonBytes ? String(decoding: $0.utf8.prefix(maxReasonBytes), as: UTF8.self) : $0 }
+            .map { $0.utf8.count > maxReasonBytes ? wholeScalars($0, upTo: maxReasonBytes) : $0 }
         switch status {
         case 200: return (.delivered, nil)
         case 410: return (.gone, reason ?? "Unregistered")
