@@ -85,9 +85,18 @@ final class SenderService: Service {
     /// What each loop of the replica does now and since when (`whereItWaits`).
     private let waits = Mutex<[String: (what: String, since: ContinuousClock.Instant)]>([:])
 
+    /// Notes `loop`'s step; the same step again keeps its start (a wait
+    /// that loops, such as standing by, shows how long it has lasted).
     private func at(_ loop: String, _ what: String) {
         let now = ContinuousClock.now
-        waits.withLock { $0[loop] = (what, now) }
+        waits.withLock { w in
+            if w[loop]?.what != what { w[loop] = (what, now) }
+        }
+    }
+
+    /// `loop` has ended: nothing to report of it.
+    private func done(_ loop: String) {
+        _ = waits.withLock { $0.removeValue(forKey: loop) }
     }
 
     private static func slot(_ k: Int) -> String { "partition \(k)" }
@@ -140,7 +149,8 @@ final class SenderService: Service {
         var failures = 0
         let nodes = configuration.amqp.nodes.shuffled()
         var next = 0
-        while !stopping {
+        defer { done("control") }
+        while !stopping, !Task.isCancelled {
             do {
                 at("control", "session")
                 try await controlSession(configuration.amqp.to(nodes[next % nodes.count]), shared)
@@ -194,6 +204,7 @@ final class SenderService: Service {
         // (a slow probe must not stop the heartbeats, which the others read as this replica's death).
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
+                defer { self.done("heartbeats") }
                 while !self.stopping {
                     self.at("heartbeats", "publishing")
                     try await self.heartbeat(probes)
@@ -209,6 +220,7 @@ final class SenderService: Service {
                 }
             }
             group.addTask {
+                defer { self.done("log probe") }
                 let probeChannel = try await connection.openChannel()
                 try await probeChannel.confirmSelect()
                 while !self.stopping {
@@ -270,6 +282,7 @@ final class SenderService: Service {
         // connection the next; a back-off only once each has failed in a row.
         let nodes = configuration.amqp.nodes.shuffled()
         var next = 0
+        defer { done(Self.slot(k)) }
         while !stopping, !Task.isCancelled {
             let began = ContinuousClock.now
             do {

@@ -153,7 +153,7 @@ public final class AMQPClient: Sendable {
 
     // MARK: Running
 
-    /// Connects and keeps connecting until `shutdown()`.
+    /// Connects and keeps connecting until `shutdown()` or cancellation.
     public func run() async {
         var attempt = 0
         var briefInARow = 0
@@ -161,7 +161,9 @@ public final class AMQPClient: Sendable {
         // only once every node has failed in a row; after losing a node, the next.
         let nodes = configuration.connection.nodes.shuffled()
         var next = 0
-        while !isShuttingDown {
+        // Cancelled (a grace period over), it stops too: its back-off would
+        // not wait, and each attempt would be logged with none between.
+        while !isShuttingDown, !Task.isCancelled {
             attempt += 1
             let node = nodes[next % nodes.count]
             do {

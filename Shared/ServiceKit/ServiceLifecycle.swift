@@ -28,10 +28,11 @@ extension Service {
 public enum ServiceLifecycle {
     /// Returns the process exit status: 0 after a clean stop, 1 when a
     /// service failed. `hardStop` is what ends a process whose services
-    /// outlived the grace period and the deadline (`exit(1)`).
+    /// outlived the grace period and the deadline: `_exit(1)`, which may
+    /// run beside a late `exit` of the main thread (plain `exit` may not).
     public static func run(
         _ services: [any Service], logger: Logger, gracePeriod: Duration = .seconds(20),
-        exitDeadline: Duration = .seconds(5), hardStop: @escaping @Sendable () -> Void = { exit(1) }
+        exitDeadline: Duration = .seconds(5), hardStop: @escaping @Sendable () -> Void = { _exit(1) }
     ) async -> Int32 {
         let signals = SignalStream([SIGTERM, SIGINT])
         defer { signals.cancel() }

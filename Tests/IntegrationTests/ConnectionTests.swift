@@ -134,6 +134,28 @@ extension BrokerIntegration {
             await client.shutdown()
         }
 
+        /// Cancelled with no broker to reach (a service's grace period over),
+        /// the client stops: its back-off does not wait under cancellation,
+        /// so it went on attempting with no pause between.
+        @Test func aCancelledClientStopsReconnecting() async throws {
+            var dead = TestBroker.url
+            dead.port = 1
+            var configuration = AMQPClient.Configuration(connection: TestBroker.configuration("cancelled", url: dead))
+            configuration.reconnectBackoff = Backoff(baseMs: 200, maxMs: 200)
+            let attempts = Atomic<Int>(0)
+            let client = AMQPClient(configuration: configuration, topology: { _ in }, onEvent: { event in
+                if case .connectFailed = event { attempts.add(1, ordering: .relaxed) }
+            })
+            let run = Task { await client.run() }
+            try await waitUntil("a first attempt failed", within: .seconds(10)) { attempts.load(ordering: .relaxed) >= 1 }
+            run.cancel()
+            let cancelledAt = ContinuousClock.now
+            await run.value
+            #expect(ContinuousClock.now - cancelledAt < .seconds(2))
+            // At most the attempt under way when the cancel came.
+            #expect(attempts.load(ordering: .relaxed) <= 2, "\(attempts.load(ordering: .relaxed)) attempts")
+        }
+
         /// A consumer holding a delivery learns that its connection ended
         /// before the next connection's first delivery (the same message,
         /// requeued): dropping what it held then drops nothing new.
