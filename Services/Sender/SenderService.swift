@@ -47,8 +47,12 @@ final class SenderService: Service {
         var holdUntil: [Int: Date] = [:]
         /// Since when no other replica's heartbeat claims each partition.
         var unclaimedSince: [Int: Date] = [:]
-        /// The fewest partitions another replica leads, by its heartbeat (nil: no other).
-        var fewestElsewhere: Int?
+        /// The other replicas, by their heartbeats.
+        var peers: [PartitionBalance.Peer] = []
+        /// When each slot last stood by, able to try for its partition.
+        var standingBy: [Int: Date] = [:]
+        /// When this replica last gave a partition up for a short replica.
+        var lastShortRelease = Date.distantPast
         /// When the replica count last changed.
         var countChangedAt = Date()
         /// Slots trying for their partition now, and whether beyond the share.
@@ -138,6 +142,8 @@ final class SenderService: Service {
     /// take its partitions as claimed, while one is at most `heartbeatWindow` old.
     static let heartbeatInterval = Duration.milliseconds(250)
     static let heartbeatWindow: Double = 0.75
+    /// A heartbeat says the replica stands by when a slot of it did within this long.
+    static let standingByWithin: TimeInterval = 1
 
     /// With several partitions: the replica's control connection, for as
     /// long as the service runs: the topology, the status log reader (the
@@ -246,9 +252,13 @@ final class SenderService: Service {
     }
 
     private func heartbeat(_ channel: AMQPChannel) async throws {
-        let led = state.withLock { $0.led.sorted().map(String.init).joined(separator: ",") }
+        let (led, standingBy) = state.withLock { s in
+            // A slot that stood by within the last second, and is not leading since.
+            let since = Date().addingTimeInterval(-Self.standingByWithin)
+            return (s.led.sorted().map(String.init).joined(separator: ","), s.standingBy.contains { !s.led.contains($0.key) && $0.value >= since })
+        }
         var properties = AMQPProperties(messageID: replicaID, type: StatusLog.heartbeatType)
-        properties.headers = [StatusLog.ledHeader: .string(led)]
+        properties.headers = [StatusLog.ledHeader: .string(led), StatusLog.standbyHeader: .string(standingBy ? "1" : "0")]
         try await channel.publish(OutboundMessage(
             exchange: "", routingKey: SenderTopology.statusLog, body: Data(), properties: properties.stamped(by: configuration.login)))
     }
@@ -256,12 +266,12 @@ final class SenderService: Service {
     /// The replica count and the other replicas' partitions, from the heartbeats read.
     @discardableResult
     private func noteHeartbeats(_ log: StatusLog) -> Int {
-        let (count, claimed, fewest) = log.replicas(within: Self.heartbeatWindow, me: replicaID)
+        let (count, claimed, peers) = log.replicas(within: Self.heartbeatWindow, me: replicaID)
         let now = Date()
         state.withLock { s in
             if s.replicas != max(1, count) { s.countChangedAt = now }
             s.replicas = max(1, count)
-            s.fewestElsewhere = fewest
+            s.peers = peers
             for k in partitions.all {
                 if claimed.contains(k) {
                     s.unclaimedSince[k] = nil
@@ -319,9 +329,10 @@ final class SenderService: Service {
         let release = state.withLock { s -> [(Int, AMQPConnection?)] in
             // Settled: nothing changed here, and the replica count held, for a while.
             let give = balance.release(
-                led: s.led, replicas: s.replicas, fewestElsewhere: s.fewestElsewhere,
+                led: s.led, me: replicaID, replicas: s.replicas, peers: s.peers,
                 sinceLastChange: min(now.timeIntervalSince(s.lastChange), now.timeIntervalSince(s.countChangedAt)),
-                sinceOverTake: now.timeIntervalSince(s.lastOverTake))
+                sinceOverTake: now.timeIntervalSince(s.lastOverTake), sinceShortRelease: now.timeIntervalSince(s.lastShortRelease))
+            if !give.isEmpty, s.led.count <= balance.share(replicas: s.replicas) { s.lastShortRelease = now }
             for k in give { s.holdUntil[k] = now.addingTimeInterval(Self.releaseHold) }
             if !give.isEmpty {
                 s.lastChange = now
@@ -407,12 +418,13 @@ final class SenderService: Service {
                 // slots of one replica try at the same moment.
                 let now = Date()
                 let may = state.withLock { s -> Bool in
+                    s.standingBy[k] = now
                     let busy = s.led.count + s.trying.count
                     guard s.holdUntil[k].map({ now >= $0 }) ?? true,
                         balance.mayTry(
                             led: busy, replicas: s.replicas, unclaimedFor: s.unclaimedSince[k].map { now.timeIntervalSince($0) },
                             sinceOwnChange: s.trying.isEmpty ? now.timeIntervalSince(s.lastChange) : 0,
-                            fewestElsewhere: s.fewestElsewhere)
+                            peers: s.peers)
                     else { return false }
                     s.trying[k] = busy >= balance.share(replicas: s.replicas)
                     return true

@@ -73,8 +73,8 @@ final class StatusLog: Sendable {
         var markers: [String: CheckedContinuation<Bool, Never>?] = [:]
         var arrivedMarkers: Set<String> = []
         /// Each sender replica's last heartbeat in the log: when it was read
-        /// (seconds since 1970) and the partitions it led.
-        var heartbeats: [String: (at: Double, led: [Int])] = [:]
+        /// (seconds since 1970), the partitions it led, and whether it stood by.
+        var heartbeats: [String: (at: Double, led: [Int], standingBy: Bool)] = [:]
         /// The terminal events read from the stream lately, by dispatch, and
         /// their ids oldest first (at most `maxRecentEnds`).
         var recentEnds: [String: RecentEnd] = [:]
@@ -140,11 +140,14 @@ final class StatusLog: Sendable {
     static let waitingType = "frontdesk.sender.waiting.v1"
 
     /// A sender replica's heartbeat (message_id: the replica's id; header
-    /// `x-frontdesk-led`: the partitions it leads, e.g. "0,2"), every
-    /// `SenderService.heartbeatInterval` with several partitions: the replicas
-    /// count each other by them, and see which partitions have a live leader.
+    /// `x-frontdesk-led`: the partitions it leads, e.g. "0,2";
+    /// `x-frontdesk-standby`: "1" while a slot of it stands by, able to take
+    /// a partition), every `SenderService.heartbeatInterval` with several
+    /// partitions: the replicas count each other by them, and see which
+    /// partitions have a live leader and which replica is short of its floor.
     static let heartbeatType = "frontdesk.sender.heartbeat.v1"
     static let ledHeader = "x-frontdesk-led"
+    static let standbyHeader = "x-frontdesk-standby"
 
     /// The partition + 1 a route's copy belongs to (1 with one partition).
     private func partitionPlusOne(_ route: RoutingTable.Route?) -> UInt8 {
@@ -330,8 +333,10 @@ final class StatusLog: Sendable {
             if case .string(let list)? = d.properties.headers?[Self.ledHeader] {
                 led = list.split(separator: ",").prefix(SenderPartitions.maxCount).compactMap { Int($0) }
             }
+            var standingBy = false
+            if case .string(let flag)? = d.properties.headers?[Self.standbyHeader] { standingBy = flag == "1" }
             let now = Date().timeIntervalSince1970
-            state.withLock { s in s.heartbeats[String(replica.prefix(64))] = (now, led) }
+            state.withLock { s in s.heartbeats[String(replica.prefix(64))] = (now, led, standingBy) }
             return
         }
         // Status events come through the status exchange, where only the services publish.
@@ -378,19 +383,18 @@ final class StatusLog: Sendable {
 
     /// The replicas whose heartbeat was read within the last `seconds` (older
     /// ones are forgotten), the partitions those other than `me` lead, and
-    /// the fewest one of those others leads (nil: no other).
-    func replicas(within seconds: Double, me: String) -> (count: Int, claimed: Set<Int>, fewestElsewhere: Int?) {
+    /// those others as their heartbeats show them.
+    func replicas(within seconds: Double, me: String) -> (count: Int, claimed: Set<Int>, peers: [PartitionBalance.Peer]) {
         let horizon = Date().timeIntervalSince1970 - seconds
         return state.withLock { s in
             s.heartbeats = s.heartbeats.filter { $0.value.at >= horizon }
             var claimed = Set<Int>()
-            var fewest: Int?
+            var peers: [PartitionBalance.Peer] = []
             for (replica, beat) in s.heartbeats where replica != me {
                 claimed.formUnion(beat.led)
-                let n = Set(beat.led).count
-                fewest = min(fewest ?? n, n)
+                peers.append(.init(id: replica, led: Set(beat.led).count, standingBy: beat.standingBy))
             }
-            return (s.heartbeats.count, claimed, fewest)
+            return (s.heartbeats.count, claimed, peers)
         }
     }
 

@@ -80,39 +80,71 @@ public struct PartitionBalance: Sendable, Equatable {
     /// it last took or gave up one; 0 while another of its slots tries), have
     /// been still for `overShareWait`: replicas that start together each take
     /// their share first. The same wait holds one at or above ⌊P / N⌋ while
-    /// another leads fewer (`fewestElsewhere`): a partition given up for that
-    /// one goes to it, not back to a replica that has its floor.
+    /// another is short (`isShort`): a partition given up for that one goes
+    /// to it, not back to a replica that has its floor.
     public func mayTry(
-        led: Int, replicas: Int, unclaimedFor: TimeInterval?, sinceOwnChange: TimeInterval = .infinity, fewestElsewhere: Int? = nil
+        led: Int, replicas: Int, unclaimedFor: TimeInterval?, sinceOwnChange: TimeInterval = .infinity, peers: [Peer] = []
     ) -> Bool {
         guard let unclaimedFor else { return false }
         let floor = floorShare(replicas: replicas)
-        let anotherIsShort = fewestElsewhere.map { $0 < floor } ?? false
-        let atOnce = led < share(replicas: replicas) && !(anotherIsShort && led >= floor)
+        let atOnce = led < share(replicas: replicas) && !(led >= floor && isShort(peers, replicas: replicas))
         return atOnce || min(unclaimedFor, sinceOwnChange) >= Self.overShareWait
     }
+
+    /// Another replica, as its latest heartbeat shows it.
+    public struct Peer: Sendable, Equatable {
+        public var id: String
+        /// How many partitions it leads.
+        public var led: Int
+        /// Whether it has a partition slot standing by, able to take one now
+        /// (a replica that cannot connect its slots is not waiting for one).
+        public var standingBy: Bool
+
+        public init(id: String, led: Int, standingBy: Bool) {
+            self.id = id
+            self.led = led
+            self.standingBy = standingBy
+        }
+    }
+
+    /// Whether one of `peers` stands by leading fewer than ⌊P / N⌋.
+    public func isShort(_ peers: [Peer], replicas: Int) -> Bool {
+        let floor = floorShare(replicas: replicas)
+        return peers.contains { $0.standingBy && $0.led < floor }
+    }
+
+    /// After giving a partition up for a short replica, a replica waits this
+    /// long before it does so again: should the short one not take it (it
+    /// fails to, or its heartbeat misleads), partitions do not pass round
+    /// every few seconds.
+    public static let shortReleaseWait: TimeInterval = 30
 
     /// The fewest partitions one of `replicas` replicas should lead: ⌊P / N⌋.
     public func floorShare(replicas: Int) -> Int {
         partitions.count / max(1, replicas)
     }
 
-    /// The partitions a replica should give up now, once it has not changed
-    /// for `settle` and has not taken one beyond its share lately: the
-    /// highest it leads beyond its share; or, while another replica leads
-    /// fewer than ⌊P / N⌋ (`fewestElsewhere`, from the heartbeats) and this
-    /// one more, its highest one. (The share alone left 4 partitions on 3
-    /// replicas as 2, 2 and 0 for good: nobody was above ⌈4 / 3⌉ = 2, and the
-    /// third had nothing unclaimed to try.) A replica giving one up this way
-    /// keeps at least ⌊P / N⌋, so none gives one back to it: no round trips.
+    /// The partitions a replica (`me`) should give up now, once it has not
+    /// changed for `settle` and has not taken one beyond its share lately:
+    /// the highest it leads beyond its share; or, while a replica standing by
+    /// leads fewer than ⌊P / N⌋ (`isShort`), its highest one, if it leads
+    /// more than ⌊P / N⌋ and the most of all (ties: the lowest id, so one
+    /// replica gives one, not each), and has not done so for
+    /// `shortReleaseWait`. (The share alone left 4 partitions on 3 replicas
+    /// as 2, 2 and 0 for good: nobody was above ⌈4 / 3⌉ = 2, and the third
+    /// had nothing unclaimed to try.) It keeps at least ⌊P / N⌋, so none
+    /// gives one back to it.
     public func release(
-        led: Set<Int>, replicas: Int, fewestElsewhere: Int? = nil, sinceLastChange: TimeInterval, sinceOverTake: TimeInterval
+        led: Set<Int>, me: String = "", replicas: Int, peers: [Peer] = [], sinceLastChange: TimeInterval, sinceOverTake: TimeInterval,
+        sinceShortRelease: TimeInterval = .infinity
     ) -> [Int] {
         guard sinceLastChange >= Self.settle, sinceOverTake >= Self.keepAfterOverTake else { return [] }
         let share = share(replicas: replicas)
         if led.count > share { return Array(led.sorted().suffix(led.count - share)) }
-        let floor = floorShare(replicas: replicas)
-        if let fewest = fewestElsewhere, fewest < floor, led.count > floor { return Array(led.sorted().suffix(1)) }
-        return []
+        guard led.count > floorShare(replicas: replicas), isShort(peers, replicas: replicas),
+            sinceShortRelease >= Self.shortReleaseWait,
+            !peers.contains(where: { $0.led > led.count || ($0.led == led.count && $0.id < me) })
+        else { return [] }
+        return Array(led.sorted().suffix(1))
     }
 }
