@@ -121,29 +121,43 @@ public enum ServiceLifecycle {
 }
 
 /// Signals as an async stream, through DispatchSource (not signal handlers).
+/// The signals are ignored meanwhile (so that only the source sees them);
+/// `cancel()` puts back what they did before: an ignored disposition is
+/// inherited by every process started later (a test process that ran the
+/// lifecycle once started CLI processes that ignored SIGTERM).
 final class SignalStream: Sendable {
     let stream: AsyncStream<Int32>
     /// Dispatch sources are not Sendable; the mutex makes their hand-over safe.
-    private let sources: Mutex<[any DispatchSourceSignal]>
+    private let sources: Mutex<(sources: [any DispatchSourceSignal], before: [(Int32, sigaction)])>
     private let continuation: AsyncStream<Int32>.Continuation
 
     init(_ numbers: [Int32]) {
         let (stream, continuation) = AsyncStream<Int32>.makeStream()
         self.stream = stream
         self.continuation = continuation
-        sources = Mutex(numbers.map { number in
-            signal(number, SIG_IGN)
+        var before: [(Int32, sigaction)] = []
+        let made = numbers.map { number in
+            var ignore = sigaction()
+            ignore.__sigaction_handler.sa_handler = SIG_IGN
+            var old = sigaction()
+            if sigaction(number, &ignore, &old) == 0 { before.append((number, old)) }
             let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
             source.setEventHandler { continuation.yield(number) }
             source.resume()
             return source
-        })
+        }
+        sources = Mutex((made, before))
     }
 
     func cancel() {
-        sources.withLock { all in
-            for s in all { s.cancel() }
-            all.removeAll()
+        sources.withLock { s in
+            for source in s.sources { source.cancel() }
+            s.sources.removeAll()
+            for (number, old) in s.before {
+                var old = old
+                sigaction(number, &old, nil)
+            }
+            s.before.removeAll()
         }
         continuation.finish()
     }

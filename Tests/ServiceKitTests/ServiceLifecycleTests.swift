@@ -6,7 +6,7 @@ import Testing
 /// The lifecycle's stop: the grace period runs from the start of the
 /// shutdown, whatever `shutdown()` does, and a process whose services ignore
 /// their cancellation too is ended rather than left running.
-@Suite("Service lifecycle stop")
+@Suite("Service lifecycle stop", .serialized)
 struct ServiceLifecycleTests {
     /// A gate a test opens: what waits on it ignores cancellation.
     final class Gate: Sendable {
@@ -64,6 +64,21 @@ struct ServiceLifecycleTests {
         #expect(sink.lines.contains { $0.contains("grace period over") })
         #expect(took >= .milliseconds(300) && took < .seconds(5), "took \(took)")
         gate.open()
+    }
+
+    /// The lifecycle ignores SIGTERM and SIGINT while it runs (a dispatch
+    /// source reads them); afterwards they do what they did before, or every
+    /// process started later would inherit them ignored.
+    @Test func signalsDoWhatTheyDidBeforeOnceTheLifecycleReturns() async {
+        func disposition(_ number: Int32) -> UnsafeMutableRawPointer? {
+            var current = sigaction()
+            sigaction(number, nil, &current)
+            return unsafeBitCast(current.__sigaction_handler.sa_handler, to: UnsafeMutableRawPointer?.self)
+        }
+        let before = (disposition(SIGTERM), disposition(SIGINT))
+        _ = await ServiceLifecycle.run([Done()], logger: logger)
+        #expect(disposition(SIGTERM) == before.0 && disposition(SIGINT) == before.1)
+        #expect(disposition(SIGTERM) != unsafeBitCast(SIG_IGN, to: UnsafeMutableRawPointer?.self))
     }
 
     @Test func servicesThatIgnoreTheirCancellationAreEndedAfterTheDeadline() async throws {
