@@ -27,14 +27,17 @@ extension Service {
 /// with status 1 rather than never stopping.
 public enum ServiceLifecycle {
     /// Returns the process exit status: 0 after a clean stop, 1 when a
-    /// service failed. `hardStop` is what ends a process whose services
+    /// service failed. `stopSignals` start the shutdown (SIGTERM and SIGINT;
+    /// they are ignored by the process meanwhile, and so by any process it
+    /// starts meanwhile). `hardStop` is what ends a process whose services
     /// outlived the grace period and the deadline: `_exit(1)`, which may
     /// run beside a late `exit` of the main thread (plain `exit` may not).
     public static func run(
         _ services: [any Service], logger: Logger, gracePeriod: Duration = .seconds(20),
-        exitDeadline: Duration = .seconds(5), hardStop: @escaping @Sendable () -> Void = { _exit(1) }
+        exitDeadline: Duration = .seconds(5), hardStop: @escaping @Sendable () -> Void = { _exit(1) },
+        signals stopSignals: [Int32] = [SIGTERM, SIGINT]
     ) async -> Int32 {
-        let signals = SignalStream([SIGTERM, SIGINT])
+        let signals = SignalStream(stopSignals)
         defer { signals.cancel() }
         let finished = Finished()
         defer { finished.set() }

@@ -19,7 +19,13 @@ extension BrokerIntegration {
             let deadline = ContinuousClock.now + timeout
             while p.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
             if p.isRunning { p.terminate() }
-            p.waitUntilExit()
+            // Waited for without blocking a thread of the pool, and killed if
+            // SIGTERM does not end it (it may have been started with it ignored).
+            let killAt = ContinuousClock.now + .seconds(5)
+            while p.isRunning {
+                if ContinuousClock.now >= killAt { kill(p.processIdentifier, SIGKILL) }
+                try await Task.sleep(for: .milliseconds(50))
+            }
             return (p.terminationStatus, try String(contentsOf: out, encoding: .utf8))
         }
 
