@@ -328,8 +328,11 @@ final class SenderService: Service {
         let now = Date()
         let release = state.withLock { s -> [(Int, AMQPConnection?)] in
             // Settled: nothing changed here, and the replica count held, for a while.
+            // Every partition led, by this replica or by another's heartbeat
+            // (one given up a moment ago is the short replica's to take first).
+            let allLed = partitions.all.allSatisfy { s.led.contains($0) || s.unclaimedSince[$0] == nil }
             let give = balance.release(
-                led: s.led, me: replicaID, replicas: s.replicas, peers: s.peers,
+                led: s.led, me: replicaID, replicas: s.replicas, peers: s.peers, allLed: allLed,
                 sinceLastChange: min(now.timeIntervalSince(s.lastChange), now.timeIntervalSince(s.countChangedAt)),
                 sinceOverTake: now.timeIntervalSince(s.lastOverTake), sinceShortRelease: now.timeIntervalSince(s.lastShortRelease))
             if !give.isEmpty, s.led.count <= balance.share(replicas: s.replicas) { s.lastShortRelease = now }
@@ -418,9 +421,10 @@ final class SenderService: Service {
                 // slots of one replica try at the same moment.
                 let now = Date()
                 let may = state.withLock { s -> Bool in
-                    s.standingBy[k] = now
                     let busy = s.led.count + s.trying.count
-                    guard s.holdUntil[k].map({ now >= $0 }) ?? true,
+                    guard s.holdUntil[k].map({ now >= $0 }) ?? true else { return false }
+                    s.standingBy[k] = now  // ready to try for it, were it free
+                    guard
                         balance.mayTry(
                             led: busy, replicas: s.replicas, unclaimedFor: s.unclaimedSince[k].map { now.timeIntervalSince($0) },
                             sinceOwnChange: s.trying.isEmpty ? now.timeIntervalSince(s.lastChange) : 0,

@@ -333,7 +333,9 @@ final class StatusLog: Sendable {
             if case .string(let list)? = d.properties.headers?[Self.ledHeader] {
                 led = list.split(separator: ",").prefix(SenderPartitions.maxCount).compactMap { Int($0) }
             }
-            var standingBy = false
+            // Without the header (a replica of an older build): standing by,
+            // as every replica was taken to be before the header.
+            var standingBy = true
             if case .string(let flag)? = d.properties.headers?[Self.standbyHeader] { standingBy = flag == "1" }
             let now = Date().timeIntervalSince1970
             state.withLock { s in s.heartbeats[String(replica.prefix(64))] = (now, led, standingBy) }

@@ -96,7 +96,7 @@ public struct PartitionBalance: Sendable, Equatable {
         public var id: String
         /// How many partitions it leads.
         public var led: Int
-        /// Whether it has a partition slot standing by, able to take one now
+        /// Whether it has a partition slot standing by, ready to try for one
         /// (a replica that cannot connect its slots is not waiting for one).
         public var standingBy: Bool
 
@@ -130,18 +130,20 @@ public struct PartitionBalance: Sendable, Equatable {
     /// leads fewer than ⌊P / N⌋ (`isShort`), its highest one, if it leads
     /// more than ⌊P / N⌋ and the most of all (ties: the lowest id, so one
     /// replica gives one, not each), and has not done so for
-    /// `shortReleaseWait`. (The share alone left 4 partitions on 3 replicas
+    /// `shortReleaseWait`, and only while every partition is led (`allLed`:
+    /// one given up a moment ago is the short replica's to take; another
+    /// leader that gave one too would make two hand-offs of one). (The share alone left 4 partitions on 3 replicas
     /// as 2, 2 and 0 for good: nobody was above ⌈4 / 3⌉ = 2, and the third
     /// had nothing unclaimed to try.) It keeps at least ⌊P / N⌋, so none
     /// gives one back to it.
     public func release(
-        led: Set<Int>, me: String = "", replicas: Int, peers: [Peer] = [], sinceLastChange: TimeInterval, sinceOverTake: TimeInterval,
-        sinceShortRelease: TimeInterval = .infinity
+        led: Set<Int>, me: String = "", replicas: Int, peers: [Peer] = [], allLed: Bool = true,
+        sinceLastChange: TimeInterval, sinceOverTake: TimeInterval, sinceShortRelease: TimeInterval = .infinity
     ) -> [Int] {
         guard sinceLastChange >= Self.settle, sinceOverTake >= Self.keepAfterOverTake else { return [] }
         let share = share(replicas: replicas)
         if led.count > share { return Array(led.sorted().suffix(led.count - share)) }
-        guard led.count > floorShare(replicas: replicas), isShort(peers, replicas: replicas),
+        guard allLed, led.count > floorShare(replicas: replicas), isShort(peers, replicas: replicas),
             sinceShortRelease >= Self.shortReleaseWait,
             !peers.contains(where: { $0.led > led.count || ($0.led == led.count && $0.id < me) })
         else { return [] }

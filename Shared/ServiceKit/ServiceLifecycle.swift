@@ -27,9 +27,8 @@ extension Service {
 /// with status 1 rather than never stopping.
 public enum ServiceLifecycle {
     /// Returns the process exit status: 0 after a clean stop, 1 when a
-    /// service failed. `stopSignals` start the shutdown (SIGTERM and SIGINT;
-    /// they are ignored by the process meanwhile, and so by any process it
-    /// starts meanwhile). `hardStop` is what ends a process whose services
+    /// service failed or the grace period ran out. `stopSignals` start the
+    /// shutdown (SIGTERM and SIGINT; see `SignalStream`). `hardStop` is what ends a process whose services
     /// outlived the grace period and the deadline: `_exit(1)`, which may
     /// run beside a late `exit` of the main thread (plain `exit` may not).
     public static func run(
@@ -64,6 +63,7 @@ public enum ServiceLifecycle {
             while running > 0, let outcome = await group.next() {
                 switch outcome {
                 case .signal(Self.graceOver):
+                    status = 1  // not a clean stop, however the services end now
                     logger.warning("grace period over: cancelling", services.flatMap(\.whereItWaits))
                     group.cancelAll()
                     continue
@@ -124,10 +124,12 @@ public enum ServiceLifecycle {
 }
 
 /// Signals as an async stream, through DispatchSource (not signal handlers).
-/// The signals are ignored meanwhile (so that only the source sees them);
-/// `cancel()` puts back what they did before: an ignored disposition is
-/// inherited by every process started later (a test process that ran the
-/// lifecycle once started CLI processes that ignored SIGTERM).
+/// The signals are set to be ignored first, as DispatchSource asks;
+/// libdispatch puts its own handler in their place, but only for the first
+/// source of a signal in a process, so a later one leaves it ignored, and an
+/// ignored disposition is inherited by every process started then.
+/// `cancel()` puts back what they did before (after it, a SIGTERM during
+/// the last clean-up ends the process at once).
 final class SignalStream: Sendable {
     let stream: AsyncStream<Int32>
     /// Dispatch sources are not Sendable; the mutex makes their hand-over safe.
