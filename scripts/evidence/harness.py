@@ -3,6 +3,7 @@ their own on the local broker, the services as processes, and an
 independent status subscriber. Standard library + pika only."""
 import json
 import os
+import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -70,13 +71,30 @@ class Service:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
-                # Past the services' 20 s grace and 5 s last deadline, so that a
-                # stop that hangs leaves its "grace period over" line in the log.
-                return self.process.wait(timeout=30)
+                # Past the services' 20 s grace, so that a stop that hangs leaves
+                # its "grace period over" line in the log; before their 5 s last
+                # deadline, every thread's stack beside it (gdb, if there is one).
+                return self.process.wait(timeout=22)
+            except subprocess.TimeoutExpired:
+                self.dump_threads()
+            try:
+                return self.process.wait(timeout=8)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 return None
         return self.process.returncode if self.process else None
+
+    def dump_threads(self):
+        """Every thread's stack of a process that does not stop, into <executable>-<port>.threads.txt."""
+        if not shutil.which("gdb") or self.process.poll() is not None:
+            return
+        path = os.path.join(self.log_dir, f"{self.executable}-{self.port}.threads.txt")
+        with open(path, "wb") as out:
+            try:
+                subprocess.run(["gdb", "-p", str(self.process.pid), "-batch", "-ex", "thread apply all bt 40"],
+                               stdout=out, stderr=subprocess.STDOUT, timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
 
     def crashed(self):
         """True when the process ended on its own (not by us) with a signal or error."""
