@@ -158,7 +158,6 @@ final class SenderService: Service {
         defer { done("control") }
         while !stopping, !Task.isCancelled {
             do {
-                at("control", "session")
                 try await controlSession(configuration.amqp.to(nodes[next % nodes.count]), shared)
                 failures = 0
             } catch {
@@ -296,7 +295,6 @@ final class SenderService: Service {
         while !stopping, !Task.isCancelled {
             let began = ContinuousClock.now
             do {
-                at(Self.slot(k), "term")
                 try await term(configuration.amqp.to(nodes[next % nodes.count]), partition: k, shared: shared)
                 failures = ContinuousClock.now - began < Self.shortTerm && !stopping ? failures + 1 : 0
                 next += 1
@@ -749,11 +747,3 @@ actor SharedStatusLog {
     }
 }
 
-/// A flag one thread sets and others read, or take.
-final class Flag: Sendable {
-    private let value = Atomic<Bool>(false)
-    func set() { value.store(true, ordering: .releasing) }
-    var isSet: Bool { value.load(ordering: .acquiring) }
-    /// Whether it was set, clearing it.
-    func take() -> Bool { value.exchange(false, ordering: .acquiringAndReleasing) }
-}

@@ -38,7 +38,7 @@ public enum ServiceLifecycle {
     ) async -> Int32 {
         let signals = SignalStream(stopSignals)
         defer { signals.cancel() }
-        let finished = Finished()
+        let finished = Flag()  // set once `run` returns: the hard stop then does nothing
         defer { finished.set() }
         return await withTaskGroup(of: ServiceOutcome.self) { group in
             for (index, service) in services.enumerated() {
@@ -109,13 +109,6 @@ public enum ServiceLifecycle {
     /// The grace timer's outcome, told apart from a signal's number.
     private static let graceOver: Int32 = -1
 
-    /// Set once `run` returns: the hard stop then does nothing.
-    private final class Finished: Sendable {
-        private let value = Atomic<Bool>(false)
-        func set() { value.store(true, ordering: .releasing) }
-        var isSet: Bool { value.load(ordering: .acquiring) }
-    }
-
     private enum ServiceOutcome: Sendable {
         case finished(Int)
         case failed(Int, any Error)
@@ -166,4 +159,14 @@ final class SignalStream: Sendable {
         }
         continuation.finish()
     }
+}
+
+/// A flag one thread sets and others read, or take.
+public final class Flag: Sendable {
+    private let value = Atomic<Bool>(false)
+    public init() {}
+    public func set() { value.store(true, ordering: .releasing) }
+    public var isSet: Bool { value.load(ordering: .acquiring) }
+    /// Whether it was set, clearing it.
+    public func take() -> Bool { value.exchange(false, ordering: .acquiringAndReleasing) }
 }
