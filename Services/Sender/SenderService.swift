@@ -219,7 +219,7 @@ final class SenderService: Service {
                         throw AMQPError(.consumerCancelled, "the control connection or its status log reader ended")
                     }
                     self.at("heartbeats", "rebalancing")
-                    if await self.rebalance(replicas: self.noteHeartbeats(shared.log)) {
+                    if self.rebalance(replicas: self.noteHeartbeats(shared.log)) {
                         try await self.heartbeat(probes)  // at once: the others see the partition free
                     }
                 }
@@ -322,7 +322,7 @@ final class SenderService: Service {
 
     /// Gives up partitions while this replica leads more than its share, or more
     /// than ⌊P / N⌋ while another leads fewer (`PartitionBalance.release`); true if it gave any up.
-    private func rebalance(replicas: Int) async -> Bool {
+    private func rebalance(replicas: Int) -> Bool {
         let now = Date()
         let release = state.withLock { s -> [(Int, AMQPConnection?)] in
             // Settled: nothing changed here, and the replica count held, for a while.
@@ -343,7 +343,10 @@ final class SenderService: Service {
         }
         for (k, connection) in release {
             logger.info("giving up a partition to another replica", [("partition", .int(k)), ("replicas", .int(replicas))])
-            await connection?.close()
+            // Not awaited: the heartbeats go on while the close takes its
+            // time (up to its RPC timeout on a slow broker). Others stop
+            // counting a replica 0.75 s after its last heartbeat.
+            if let connection { Task { await connection.close() } }
         }
         return !release.isEmpty
     }
@@ -365,6 +368,9 @@ final class SenderService: Service {
         } onCancel: {
             Task { await connection.close() }
         }
+        // A term (or a standby) that ended with its connection's failure says
+        // why (`runSlot` logs it); one this replica closed ends quietly.
+        if !stopping, let failure = connection.failure { throw failure }
     }
 
     private func lead(_ connection: AMQPConnection, _ amqp: AMQPConnectionConfiguration, partition k: Int, shared: SharedStatusLog?) async throws {

@@ -32,6 +32,8 @@ extension SenderTerm {
             feed.yield(.presence(snapshot))
             polls &+= 1
             await connection.sleep(for: presencePollInterval)
+            // Closed: the sleep ends at once from now on (with no routes, no declare fails).
+            guard connection.isOpen else { return feed.finish() }
         }
     }
 

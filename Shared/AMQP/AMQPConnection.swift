@@ -80,10 +80,16 @@ public final class AMQPConnection: Sendable {
         await core.waitForEnd()
     }
 
-    public var isOpen: Bool { !core.hasEnded }
+    /// False from the moment the connection is being closed or has failed,
+    /// a little before `waitForEnd()` returns.
+    public var isOpen: Bool { !core.isClosing }
+
+    /// Why the connection failed, from the moment it did (before
+    /// `waitForEnd()` returns); nil while open and after a close.
+    public var failure: AMQPError? { core.failure }
 
     /// Runs tasks on this connection's thread (see `ConnectionTaskExecutor`);
-    /// once the connection has ended, on the global pool.
+    /// once the connection is ending (failed or closing), on the global pool.
     public var executor: ConnectionTaskExecutor { ConnectionTaskExecutor { [core] in core } }
 
     /// Pauses for `duration`, timed by this connection's thread: a task on

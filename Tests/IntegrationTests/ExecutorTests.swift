@@ -1,4 +1,4 @@
-import AMQP
+@testable import AMQP
 import Foundation
 import Glibc
 import Synchronization
@@ -129,6 +129,84 @@ extension BrokerIntegration {
             let t = ContinuousClock.now
             await connection.sleep(for: .seconds(30))
             #expect(ContinuousClock.now - t < .seconds(1))
+        }
+
+        /// The sender's tick (and presence poll) is a loop of sleeps on the
+        /// connection's executor that stops once the connection is no longer
+        /// open. When the close was taken in the same turn of the loop as the
+        /// loop's timer, its job used to run inside the connection's end, where
+        /// every sleep returns at once without leaving the thread: the loop
+        /// spun there, and the end (every `close()` waiting for it) never came.
+        @Test func aLoopOfSleepsDoesNotHoldItsConnectionsEnd() async throws {
+            let connection = try await TestBroker.connect("executor-sleep-loop")
+            let (asked, ask) = AsyncStream<Void>.makeStream()
+            let looper = Task(executorPreference: connection.executor) { () async -> Int in
+                var passes = 0
+                var passesAfterClose = 0
+                // Bounded, so that a failure ends rather than spinning for good.
+                let giveUpAt = ContinuousClock.now + .seconds(10)
+                while !Task.isCancelled, ContinuousClock.now < giveUpAt {
+                    if passes == 3 {
+                        // Queued ahead of this task's own timer: one turn of the loop takes both.
+                        ask.yield()
+                        _ = connection.core.submit { $0.requestClose() }
+                    }
+                    await connection.sleep(for: .milliseconds(20))
+                    guard connection.isOpen else { break }
+                    if passes >= 3 { passesAfterClose += 1 }
+                    passes += 1
+                }
+                return passesAfterClose
+            }
+            #expect(try await asked.first(1, timeout: .seconds(10)).count == 1, "the loop did not get to its third pass")
+            let closing = ContinuousClock.now
+            _ = await connection.waitForEnd()
+            let took = ContinuousClock.now - closing
+            let passesAfterClose = await looper.value
+            #expect(took < .seconds(3), "the connection took \(took) to end")
+            #expect(passesAfterClose <= 1, "the loop went on \(passesAfterClose) times after the close")
+        }
+
+        final class Stop: Sendable {
+            private let flag = Atomic<Bool>(false)
+            func set() { flag.store(true, ordering: .releasing) }
+            var isSet: Bool { flag.load(ordering: .acquiring) }
+        }
+
+        /// Not every such loop looks at the connection: the sender's term
+        /// cancels its tick. Run on the connection's thread in its end, the
+        /// loop would spin there, and the job of the task that stops it,
+        /// queued behind, would never come: jobs of an ending connection go
+        /// to the global pool.
+        @Test func aLoopStoppedByAnotherTaskDoesNotHoldItsConnectionsEnd() async throws {
+            let connection = try await TestBroker.connect("executor-sleep-loop-stopped")
+            let stop = Stop()
+            let (asked, ask) = AsyncStream<Void>.makeStream()
+            let stopper = Task(executorPreference: connection.executor) {
+                _ = await connection.waitForEnd()
+                stop.set()
+            }
+            let looper = Task(executorPreference: connection.executor) { () async -> Bool in
+                var passes = 0
+                let giveUpAt = ContinuousClock.now + .seconds(10)
+                while !stop.isSet, ContinuousClock.now < giveUpAt {
+                    if passes == 3 {
+                        ask.yield()
+                        _ = connection.core.submit { $0.requestClose() }
+                    }
+                    await connection.sleep(for: .milliseconds(20))
+                    passes += 1
+                }
+                return stop.isSet
+            }
+            #expect(try await asked.first(1, timeout: .seconds(10)).count == 1, "the loop did not get to its third pass")
+            let closing = ContinuousClock.now
+            _ = await connection.waitForEnd()
+            let took = ContinuousClock.now - closing
+            await stopper.value
+            #expect(took < .seconds(3), "the connection took \(took) to end")
+            #expect(await looper.value, "the loop was not stopped by the other task")
+            #expect(connection.failure == nil, "a close is not a failure")
         }
     }
 }

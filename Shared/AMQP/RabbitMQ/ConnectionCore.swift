@@ -16,6 +16,7 @@ final class ConnectionCore: Sendable {
         var accepting = true
         var ended = false
         var endError: AMQPError?
+        var failure: AMQPError?
         var endWaiters: [CheckedContinuation<AMQPError?, Never>] = []
         var blockedReason: String?
         /// True while the owner thread waits in poll(2): only then does a
@@ -34,6 +35,20 @@ final class ConnectionCore: Sendable {
     let name: String
     private let republished = Atomic<Int>(0)
     private let abandoning = Atomic<Bool>(false)
+    private let closing = Atomic<Bool>(false)
+
+    /// Set once the connection is being closed or has failed (its loop
+    /// notes it at once, before the connection's end is signalled):
+    /// `AMQPConnection.isOpen` is false from then on, so loops that sleep
+    /// on the connection stop, rather than spin on sleeps that return at once.
+    var isClosing: Bool { closing.load(ordering: .acquiring) }
+    /// `failure`: why it failed (the first reason kept); nil for a close.
+    func noteClosing(failure: AMQPError? = nil) {
+        if let failure { state.withLock { s in if s.failure == nil { s.failure = failure } } }
+        closing.store(true, ordering: .releasing)
+    }
+    /// Why the connection failed, from the moment it did; nil after a close.
+    var failure: AMQPError? { state.withLock { $0.failure } }
     private let abandoned = Atomic<Bool>(false)
 
     /// Set for a stop: an RPC on this connection while the broker blocks
@@ -201,6 +216,7 @@ final class ConnectionCore: Sendable {
 
     /// Marks the connection ended and wakes everyone waiting for that.
     func end(_ error: AMQPError?) {
+        noteClosing()
         let waiters = state.withLock { s -> [CheckedContinuation<AMQPError?, Never>] in
             guard !s.ended else { return [] }
             s.ended = true

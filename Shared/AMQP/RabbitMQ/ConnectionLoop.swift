@@ -140,7 +140,14 @@ final class ConnectionLoop {
         core.end(error)
     }
 
-    func requestClose() { closeRequested = true }
+    func requestClose() {
+        closeRequested = true
+        core.noteClosing()
+    }
+
+    /// Failed or closing: the loop ends at its next turn and runs no more
+    /// tasks' jobs (`ConnectionTaskExecutor`).
+    var isEnding: Bool { failure != nil || closeRequested }
 
     /// Calls `wake` on this thread once `deadline` has passed, or at once
     /// when the connection has ended (it never turns again).
@@ -265,7 +272,9 @@ final class ConnectionLoop {
 
     /// Ends the connection with `error` (the loop exits at its next turn).
     func fail(_ error: AMQPError) {
-        if failure == nil { failure = error }
+        guard failure == nil else { return }
+        failure = error
+        core.noteClosing(failure: error)
     }
 
     /// Throws if the connection has ended.
