@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project needs, only when one is missing.
 set -euo pipefail
-needed=(librabbitmq-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev rabbitmq-server openssl curl amqp-tools shellcheck yamllint chromium chromium-driver)
+needed=(gdb librabbitmq-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev rabbitmq-server openssl curl amqp-tools shellcheck yamllint chromium chromium-driver)
 missing=()
 for p in "${needed[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -26,3 +26,29 @@ struct HarnessPortTests {
         #expect(TestPorts.isFree(port))
     }
 }
+
+extension BrokerIntegration {
+    /// A wait that times out on a stalled service leaves every thread's
+    /// stack of each service still running beside its log: how a wedged
+    /// connection thread was finally found, and how the next would be.
+    @Suite("Test harness thread dumps", .timeLimit(.minutes(2)))
+    struct HarnessThreadDumpTests {
+        @Test func aTimedOutWaitSavesEachRunningServicesThreads() async throws {
+            try #require(FileManager.default.isExecutableFile(atPath: RouterHarness.gdb), "gdb is not installed (scripts/install-deps.sh installs it)")
+            try await withHarness("thread-dump") { h in
+                let router = try await h.startRouter()
+                let dir = FileManager.default.temporaryDirectory.appendingPathComponent("threads-\(h.vhost)").path
+                try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+                defer { try? FileManager.default.removeItem(atPath: dir) }
+                let said = await h.serviceThreads(into: dir)
+                let files = try FileManager.default.contentsOfDirectory(atPath: dir)
+                #expect(files.count == 1 && files[0].hasSuffix(".threads.txt"), "\(files)")
+                #expect(said.contains(dir))
+                let text = try String(contentsOfFile: "\(dir)/\(files.first ?? "")", encoding: .utf8)
+                // The router's own connection thread, named by its loop, is among them.
+                #expect(text.contains("ConnectionLoop"), "\(text.prefix(600))")
+                #expect(router.isRunning, "gdb let the service go on")
+            }
+        }
+    }
+}

@@ -164,7 +164,44 @@ final class RouterHarness: @unchecked Sendable {
         _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
         _ condition: () async throws -> Bool
     ) async throws {
-        try await IntegrationTests.waitUntil(what, within: within, sourceLocation: sourceLocation, explain: { serviceLogTail() }, condition)
+        try await IntegrationTests.waitUntil(
+            what, within: within, sourceLocation: sourceLocation, explain: { await serviceThreads() + serviceLogTail() }, condition)
+    }
+
+    static let gdb = "/usr/bin/gdb"
+
+    /// With FRONTDESK_TEST_LOG_DIR and gdb installed: every thread's stack
+    /// of each service still running, beside its log
+    /// (`<vhost>-<executable>-<port>.threads.txt`), for a wait that timed out
+    /// on a service that stalled; says where they are.
+    func serviceThreads(into dir: String? = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"]) async -> String {
+        guard let dir, FileManager.default.isExecutableFile(atPath: Self.gdb) else { return "" }
+        var saved: [String] = []
+        for p in processes where p.isRunning {
+            let name = p.executableURL?.lastPathComponent ?? "service"
+            let path = "\(dir)/\(vhost)-\(name)-\(ports[p.processIdentifier] ?? 0).threads.txt"
+            guard FileManager.default.createFile(atPath: path, contents: nil), let out = FileHandle(forWritingAtPath: path) else { continue }
+            let dump = Process()
+            dump.executableURL = URL(fileURLWithPath: Self.gdb)
+            dump.arguments = ["-p", "\(p.processIdentifier)", "-batch", "-ex", "thread apply all bt 40"]
+            dump.standardOutput = out
+            dump.standardError = out
+            dump.standardInput = FileHandle.nullDevice
+            // Awaited through its termination handler (no thread blocks), and
+            // stopped after 30 s should gdb itself hang.
+            let ended = AsyncStream<Void>.makeStream()
+            dump.terminationHandler = { _ in ended.continuation.finish() }
+            do { try dump.run() } catch { continue }
+            let watchdog = Task {
+                try await Task.sleep(for: .seconds(30))
+                if dump.isRunning { dump.terminate() }
+            }
+            for await _ in ended.stream {}
+            watchdog.cancel()
+            try? out.close()
+            saved.append(path)
+        }
+        return saved.isEmpty ? "" : "\n--- every thread's stack: " + saved.joined(separator: ", ")
     }
 
     /// With FRONTDESK_TEST_LOG_DIR (as CI runs): the last lines of this

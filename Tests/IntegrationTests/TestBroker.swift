@@ -58,12 +58,13 @@ enum TestBroker {
 /// `explain` adds) at the deadline.
 func waitUntil(
     _ what: String, within: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
-    explain: () -> String = { "" }, _ condition: () async throws -> Bool
+    explain: () async -> String = { "" }, _ condition: () async throws -> Bool
 ) async throws {
     let deadline = ContinuousClock.now + within
     while !(try await condition()) {
         if ContinuousClock.now >= deadline {
-            Issue.record("timed out after \(within) waiting until \(what)\(explain())", sourceLocation: sourceLocation)
+            let why = await explain()
+            Issue.record("timed out after \(within) waiting until \(what)\(why)", sourceLocation: sourceLocation)
             return
         }
         try await Task.sleep(for: .milliseconds(20))
