@@ -299,7 +299,8 @@ final class SenderService: Service {
                 failures = ContinuousClock.now - began < Self.shortTerm && !stopping ? failures + 1 : 0
                 next += 1
             } catch {
-                failures += 1
+                // A long term that failed is the first failure of a row, not one more.
+                failures = ContinuousClock.now - began < Self.shortTerm ? failures + 1 : 1
                 next += 1
                 state.withLock { s in
                     if (error as? AMQPError)?.code == .connectionBlocked || s.connections[k]?.blockedReason != nil { s.blocked = true }

@@ -165,17 +165,27 @@ final class RouterHarness: @unchecked Sendable {
         _ condition: () async throws -> Bool
     ) async throws {
         try await IntegrationTests.waitUntil(
-            what, within: within, sourceLocation: sourceLocation, explain: { await serviceThreads() + serviceLogTail() }, condition)
+            what, within: within, sourceLocation: sourceLocation, explain: {
+                // The logs first: gdb holds each service still for a moment.
+                let logs = serviceLogTail()
+                return await serviceThreads() + logs
+            }, condition)
     }
 
     static let gdb = "/usr/bin/gdb"
+    /// Where `serviceThreads` saves the stacks (touched by the test's own task only).
+    var threadDumpDirectory = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"]
+    private var threadsDumped = false
 
     /// With FRONTDESK_TEST_LOG_DIR and gdb installed: every thread's stack
     /// of each service still running, beside its log
     /// (`<vhost>-<executable>-<port>.threads.txt`), for a wait that timed out
     /// on a service that stalled; says where they are.
-    func serviceThreads(into dir: String? = ProcessInfo.processInfo.environment["FRONTDESK_TEST_LOG_DIR"]) async -> String {
-        guard let dir, FileManager.default.isExecutableFile(atPath: Self.gdb) else { return "" }
+    func serviceThreads() async -> String {
+        // Once a test: a second timed-out wait would overwrite the first,
+        // most telling, stacks, and each dump holds the test for seconds.
+        guard let dir = threadDumpDirectory, !threadsDumped, FileManager.default.isExecutableFile(atPath: Self.gdb) else { return "" }
+        threadsDumped = true
         var saved: [String] = []
         for p in processes where p.isRunning {
             let name = p.executableURL?.lastPathComponent ?? "service"
@@ -188,12 +198,12 @@ final class RouterHarness: @unchecked Sendable {
             dump.standardError = out
             dump.standardInput = FileHandle.nullDevice
             // Awaited through its termination handler (no thread blocks), and
-            // stopped after 30 s should gdb itself hang.
+            // stopped after 20 s should gdb itself hang.
             let ended = AsyncStream<Void>.makeStream()
             dump.terminationHandler = { _ in ended.continuation.finish() }
             do { try dump.run() } catch { continue }
             let watchdog = Task {
-                try await Task.sleep(for: .seconds(30))
+                try await Task.sleep(for: .seconds(20))
                 if dump.isRunning { dump.terminate() }
             }
             for await _ in ended.stream {}
@@ -212,7 +222,7 @@ final class RouterHarness: @unchecked Sendable {
             let files = try? FileManager.default.contentsOfDirectory(atPath: dir)
         else { return "" }
         var tail = ""
-        for file in files.sorted() where file.hasPrefix("\(vhost)-") {
+        for file in files.sorted() where file.hasPrefix("\(vhost)-") && file.hasSuffix(".log") {
             guard let text = try? String(contentsOfFile: "\(dir)/\(file)", encoding: .utf8) else { continue }
             let last = text.split(separator: "\n").filter { !$0.contains(#""level":"debug""#) }.suffix(lines)
             tail += "\n--- \(file), last \(last.count) lines:\n" + last.map { String($0.prefix(400)) }.joined(separator: "\n")

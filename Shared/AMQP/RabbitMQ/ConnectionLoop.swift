@@ -274,7 +274,9 @@ final class ConnectionLoop {
     func fail(_ error: AMQPError) {
         guard failure == nil else { return }
         failure = error
-        core.noteClosing(failure: error)
+        // A write that fails while closing (the socket already gone) does not
+        // make a close of our own a failure.
+        core.noteClosing(failure: closeRequested ? nil : error)
     }
 
     /// Throws if the connection has ended.
