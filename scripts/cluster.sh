@@ -116,7 +116,7 @@ stop() {
     # lingered, holding its ports: asked to stop, then killed after 10 s.
     pid="$(node_pid "$n")"
     [ -n "$pid" ] || continue
-    timeout 15 bash -c "RABBITMQ_NODENAME='$(name "$n")' rabbitmqctl -n '$(name "$n")' stop" >/dev/null 2>&1 || true
+    RABBITMQ_NODENAME="$(name "$n")" timeout 15 rabbitmqctl -n "$(name "$n")" stop >/dev/null 2>&1 || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
     log "stopped $(name "$n") (its VM without the rabbit app)"

@@ -131,6 +131,14 @@ extension BrokerIntegration {
             #expect(ContinuousClock.now - t < .seconds(1))
         }
 
+        /// Asks for the close from a task on the connection's thread, before
+        /// that task's next sleep: queued ahead of its timer, so that one turn
+        /// of the loop takes both.
+        static func closeAheadOfNextTimer(_ connection: AMQPConnection, telling asked: AsyncStream<Void>.Continuation) {
+            asked.yield()
+            _ = connection.core.submit { $0.requestClose() }
+        }
+
         /// The sender's tick (and presence poll) is a loop of sleeps on the
         /// connection's executor that stops once the connection is no longer
         /// open. When the close was taken in the same turn of the loop as the
@@ -146,11 +154,7 @@ extension BrokerIntegration {
                 // Bounded, so that a failure ends rather than spinning for good.
                 let giveUpAt = ContinuousClock.now + .seconds(10)
                 while !Task.isCancelled, ContinuousClock.now < giveUpAt {
-                    if passes == 3 {
-                        // Queued ahead of this task's own timer: one turn of the loop takes both.
-                        ask.yield()
-                        _ = connection.core.submit { $0.requestClose() }
-                    }
+                    if passes == 3 { Self.closeAheadOfNextTimer(connection, telling: ask) }
                     await connection.sleep(for: .milliseconds(20))
                     guard connection.isOpen else { break }
                     if passes >= 3 { passesAfterClose += 1 }
@@ -190,10 +194,7 @@ extension BrokerIntegration {
                 var passes = 0
                 let giveUpAt = ContinuousClock.now + .seconds(10)
                 while !stop.isSet, ContinuousClock.now < giveUpAt {
-                    if passes == 3 {
-                        ask.yield()
-                        _ = connection.core.submit { $0.requestClose() }
-                    }
+                    if passes == 3 { Self.closeAheadOfNextTimer(connection, telling: ask) }
                     await connection.sleep(for: .milliseconds(20))
                     passes += 1
                 }

@@ -35,20 +35,6 @@ final class ConnectionCore: Sendable {
     let name: String
     private let republished = Atomic<Int>(0)
     private let abandoning = Atomic<Bool>(false)
-    private let closing = Atomic<Bool>(false)
-
-    /// Set once the connection is being closed or has failed (its loop
-    /// notes it at once, before the connection's end is signalled):
-    /// `AMQPConnection.isOpen` is false from then on, so loops that sleep
-    /// on the connection stop, rather than spin on sleeps that return at once.
-    var isClosing: Bool { closing.load(ordering: .acquiring) }
-    /// `failure`: why it failed (the first reason kept); nil for a close.
-    func noteClosing(failure: AMQPError? = nil) {
-        if let failure { state.withLock { s in if s.failure == nil { s.failure = failure } } }
-        closing.store(true, ordering: .releasing)
-    }
-    /// Why the connection failed, from the moment it did; nil after a close.
-    var failure: AMQPError? { state.withLock { $0.failure } }
     private let abandoned = Atomic<Bool>(false)
 
     /// Set for a stop: an RPC on this connection while the broker blocks
@@ -81,6 +67,21 @@ final class ConnectionCore: Sendable {
     /// Dropped for a stop (`abandonWhenBlocked`): the client does not connect again.
     var wasAbandoned: Bool { abandoned.load(ordering: .relaxed) }
     func noteAbandoned() { abandoned.store(true, ordering: .relaxed) }
+
+    private let closing = Atomic<Bool>(false)
+
+    /// Set once the connection is being closed or has failed (its loop
+    /// notes it at once, before the connection's end is signalled):
+    /// `AMQPConnection.isOpen` is false from then on, so loops that sleep
+    /// on the connection stop, rather than spin on sleeps that return at once.
+    var isClosing: Bool { closing.load(ordering: .acquiring) }
+    /// `failure`: why it failed (the first reason kept); nil for a close.
+    func noteClosing(failure: AMQPError? = nil) {
+        if let failure { state.withLock { s in if s.failure == nil { s.failure = failure } } }
+        closing.store(true, ordering: .releasing)
+    }
+    /// Why the connection failed, from the moment it did; nil after a close.
+    var failure: AMQPError? { state.withLock { $0.failure } }
 
     private func dropSocket(_ s: inout State) {
         guard s.socket >= 0 else { return }
